@@ -1,0 +1,89 @@
+"""Pure-PyTorch reference implementations of every compress op.
+
+These are the definitions of what each op computes. Native kernels (C++ CPU in
+``csrc/cpu``, CUDA in ``csrc/cuda``) must match them; tests compare against them.
+
+Canonical layouts (the same as the on-disk compressed-tensors layouts, so a
+checkpoint needs no conversion to be run by the reference):
+
+* int4 weights ``qweight``: int32 ``[N, K // 8]``; column ``k`` of row ``n`` is the
+  nibble at bits ``4 * (k % 8)`` of word ``k // 8``, stored unsigned (``u = q + 8``,
+  ``u`` in 0..15).
+* int4 zero points ``zeros``: uint8 ``[N, K // group_size]`` in the unsigned domain
+  (0..15), so ``w = (u - z) * scale``.
+* int8 weights: int8 ``[N, K]``, symmetric, ``w = q * weight_scale[n]``.
+"""
+from __future__ import annotations
+
+import torch
+
+INT8_MAX = 127.0
+
+
+def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:
+    """int32 ``[N, K/8]`` -> uint8 ``[N, K]`` of unsigned nibbles (0..15)."""
+    shifts = torch.arange(0, 32, 4, device=qweight.device, dtype=torch.int32)
+    nibbles = (qweight.unsqueeze(-1) >> shifts) & 0xF
+    return nibbles.reshape(qweight.shape[0], -1).to(torch.uint8)
+
+
+def pack_int4(nibbles: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[N, K]`` of unsigned nibbles (0..15) -> int32 ``[N, K/8]``."""
+    n, k = nibbles.shape
+    if k % 8:
+        raise ValueError(f"int4 packing needs K divisible by 8, got K={k}")
+    vals = nibbles.to(torch.int64).reshape(n, k // 8, 8)
+    shifts = torch.arange(0, 32, 4, device=nibbles.device, dtype=torch.int64)
+    words = (vals << shifts).sum(-1)
+    # reinterpret the low 32 bits as signed int32
+    words = torch.where(words >= 2**31, words - 2**32, words)
+    return words.to(torch.int32)
+
+
+def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                    group_size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Groupwise asymmetric int4 -> dense ``[N, K]`` weight."""
+    u = unpack_int4(qweight).to(torch.float32)
+    n, k = u.shape
+    g = u.reshape(n, k // group_size, group_size)
+    w = (g - zeros.to(torch.float32).unsqueeze(-1)) * scales.to(torch.float32).unsqueeze(-1)
+    return w.reshape(n, k).to(dtype)
+
+
+def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+               zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``x [M, K] @ dequant(W) [N, K]^T -> [M, N]`` in x's dtype, fp32 accumulation."""
+    w = dequantize_int4(qweight, scales, zeros, group_size, torch.float32)
+    return (x.to(torch.float32) @ w.t()).to(x.dtype)
+
+
+def quantize_per_token_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row int8: ``x ≈ q * scale[:, None]``; returns (int8 [M,K], fp32 [M])."""
+    xf = x.to(torch.float32)
+    scale = xf.abs().amax(dim=-1).clamp_min(1e-10) / INT8_MAX
+    q = torch.round(xf / scale.unsqueeze(-1)).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return q, scale
+
+
+def w8a8_gemm(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    """Per-token dynamic int8 activations times per-channel int8 weights, int32 accumulate."""
+    qx, sx = quantize_per_token_int8(x)
+    # int32 accumulation is exact in float64 for any K below 2**31 / 127**2 * 2**21.
+    acc = qx.to(torch.float64) @ qweight.to(torch.float64).t()
+    y = acc.to(torch.float32) * sx.unsqueeze(-1) * weight_scale.to(torch.float32).unsqueeze(0)
+    return y.to(x.dtype)
+
+
+def w8a8_outlier_gemm(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor,
+                      outlier_idx: torch.Tensor, outlier_weight: torch.Tensor) -> torch.Tensor:
+    """LLM.int8() decomposition: outlier input columns in float, the rest in W8A8.
+
+    ``outlier_idx`` int64 ``[C]``, ``outlier_weight`` ``[N, C]`` holds the unquantized
+    weight columns. The int8 weight's entries at those columns are ignored.
+    """
+    idx = outlier_idx.to(torch.long)
+    x_rest = x.clone()
+    x_rest[:, idx] = 0
+    y = w8a8_gemm(x_rest, qweight, weight_scale).to(torch.float32)
+    y = y + x[:, idx].to(torch.float32) @ outlier_weight.to(torch.float32).t()
+    return y.to(x.dtype)

@@ -1,0 +1,106 @@
+"""Quantized linear layers the runtime executes, one class per weight scheme.
+
+Every layer holds its weights in the canonical op layout (see
+``compress/ops/reference.py``) and calls the ``torch.ops.compress`` op for it, so the
+same layer runs on the reference, the C++ CPU kernels or the CUDA kernels. A kernel
+that wants another layout repacks in ``prepare()`` (called once at load time), never
+on disk.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from compress.ops import get_op
+
+
+class DenseLinear(nn.Module):
+    scheme = "dense"
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+
+    def prepare(self, backend: str = "native") -> None:
+        pass
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight.to(x.dtype),
+                                    None if self.bias is None else self.bias.to(x.dtype))
+
+
+class _OpLinear(nn.Module):
+    """Base: flattens leading dims, calls ``self.gemm`` on [M, K], adds the bias."""
+
+    op_name: str = ""
+
+    def __init__(self, out_features: int, in_features: int, bias: torch.Tensor | None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.backend = "native"
+
+    def prepare(self, backend: str = "native") -> None:
+        self.backend = backend
+
+    def gemm(self, x2d: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = self.gemm(x.reshape(-1, shape[-1]))
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*shape[:-1], self.out_features)
+
+
+class Int4Linear(_OpLinear):
+    """W4A16: groupwise asymmetric int4 weights, float activations."""
+    scheme = "w4a16"
+    op_name = "w4a16_gemm"
+
+    def __init__(self, qweight, scales, zeros, group_size: int, in_features: int, bias=None):
+        super().__init__(qweight.shape[0], in_features, bias)
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scales", scales)
+        self.register_buffer("zeros", zeros)
+        self.group_size = group_size
+
+    def gemm(self, x2d):
+        return get_op(self.op_name, self.backend)(x2d, self.qweight, self.scales, self.zeros, self.group_size)
+
+
+class Int8Linear(_OpLinear):
+    """W8A8: per-channel int8 weights, per-token dynamic int8 activations."""
+    scheme = "w8a8"
+    op_name = "w8a8_gemm"
+
+    def __init__(self, qweight, weight_scale, bias=None):
+        super().__init__(qweight.shape[0], qweight.shape[1], bias)
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("weight_scale", weight_scale)
+
+    def gemm(self, x2d):
+        return get_op(self.op_name, self.backend)(x2d, self.qweight, self.weight_scale)
+
+
+class Int8OutlierLinear(_OpLinear):
+    """LLM.int8(): W8A8 plus outlier input columns kept in float (fused op)."""
+    scheme = "llm_int8"
+    op_name = "w8a8_outlier_gemm"
+
+    def __init__(self, qweight, weight_scale, outlier_idx, outlier_weight, bias=None):
+        super().__init__(qweight.shape[0], qweight.shape[1], bias)
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("weight_scale", weight_scale)
+        self.register_buffer("outlier_idx", outlier_idx)
+        self.register_buffer("outlier_weight", outlier_weight)
+
+    def gemm(self, x2d):
+        return get_op(self.op_name, self.backend)(
+            x2d, self.qweight, self.weight_scale, self.outlier_idx, self.outlier_weight)
+
+
+LAYER_CLASSES = {cls.scheme: cls for cls in (DenseLinear, Int4Linear, Int8Linear, Int8OutlierLinear)}

@@ -1,0 +1,51 @@
+"""Build of the native kernels: ``compress._C`` (C++ CPU) and, where a CUDA build of
+torch and nvcc exist, ``compress._cuda``. Both register implementations of the
+``torch.ops.compress`` ops; the Python package works without either (reference ops).
+
+Set COMPRESS_BUILD_CUDA=0 to skip CUDA, =1 to require it.
+"""
+import glob
+import os
+
+from setuptools import setup
+
+ext_modules = []
+cmdclass = {}
+try:
+    import torch
+    from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension, CUDA_HOME
+except ImportError:  # metadata-only builds
+    torch = None
+
+if torch is not None:
+    cpu_sources = sorted(glob.glob("csrc/cpu/*.cpp"))
+    ext_modules.append(CppExtension(
+        "compress._C",
+        cpu_sources,
+        include_dirs=[os.path.abspath("csrc")],
+        extra_compile_args={"cxx": ["-O3", "-fopenmp", "-std=c++17"]},
+        extra_link_args=["-fopenmp"],
+    ))
+    want_cuda = os.environ.get("COMPRESS_BUILD_CUDA", "auto")
+    has_cuda = torch.version.cuda is not None and CUDA_HOME is not None
+    if want_cuda == "1" and not has_cuda:
+        raise RuntimeError("COMPRESS_BUILD_CUDA=1 but torch has no CUDA build or nvcc is missing")
+    if want_cuda != "0" and has_cuda:
+        cuda_sources = sorted(glob.glob("csrc/cuda/*.cu")) + sorted(glob.glob("csrc/cuda/bindings/*.cpp"))
+        if cuda_sources:
+            ext_modules.append(CUDAExtension(
+                "compress._cuda",
+                cuda_sources,
+                include_dirs=[os.path.abspath("csrc")],
+                extra_compile_args={
+                    "cxx": ["-O3", "-std=c++17"],
+                    "nvcc": ["-O3", "-std=c++17", "--expt-relaxed-constexpr",
+                             "-gencode=arch=compute_80,code=sm_80",
+                             "-gencode=arch=compute_86,code=sm_86",
+                             "-gencode=arch=compute_89,code=sm_89",
+                             "-gencode=arch=compute_90,code=sm_90"],
+                },
+            ))
+    cmdclass = {"build_ext": BuildExtension.with_options(use_ninja=True)}
+
+setup(ext_modules=ext_modules, cmdclass=cmdclass)
