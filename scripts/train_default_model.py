@@ -81,12 +81,23 @@ def write_data(args) -> dict[str, list[str]]:
 
 
 # ------------------------------------------------------------------------ tokenizer
-def train_tokenizer(train_file: Path, vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+def train_tokenizer(train_file: Path, vocab_size: int, arch: str = "llama"):
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if arch == "qwen2":
+        # AutoTokenizer always rebuilds a qwen2 checkpoint's tokenizer as Qwen2Tokenizer (NFC +
+        # Qwen2 split regex); train with exactly that pipeline so the loaded ids match training.
+        from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIALS,
@@ -116,7 +127,7 @@ def save_tokenizer(tokenizer, out_dir: Path) -> None:
 
 def encode_stream(tokenizer, text: str) -> torch.Tensor:
     """The whole text as one token stream: ``<s>`` + text (how eval.txt is scored)."""
-    return torch.tensor(tokenizer(text).input_ids, dtype=torch.long)
+    return torch.tensor(tokenizer(text, verbose=False).input_ids, dtype=torch.long)
 
 
 # ---------------------------------------------------------------------------- model
@@ -280,7 +291,7 @@ def main(argv=None) -> None:
     args.warmup = args.warmup if args.warmup is not None else max(1, args.steps // 20)
 
     torch.manual_seed(args.seed)
-    tokenizer = train_tokenizer(args.train_text, ARCH["vocab_size"])
+    tokenizer = train_tokenizer(args.train_text, ARCH["vocab_size"], args.arch)
     train_stream = encode_stream(tokenizer, args.train_text.read_text(encoding="utf-8"))
     eval_stream = encode_stream(tokenizer, (args.data_dir / "eval.txt").read_text(encoding="utf-8"))
     calib_stream = encode_stream(tokenizer, (args.data_dir / "calib.txt").read_text(encoding="utf-8"))
@@ -350,6 +361,8 @@ def main(argv=None) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         save_tokenizer(tokenizer, tmp)
         (tmp / "README.md").write_text(card)
+        for f in tmp.iterdir():
+            f.chmod(0o644)
 
     atomic_save(args.output, write)
     print(f"saved to {args.output}")

@@ -1,0 +1,162 @@
+"""Calibration data, and layer-by-layer activation capture.
+
+``load_calibration_ids`` turns text files, jsonl files or (online) a Hugging Face
+dataset into a fixed, seeded ``[samples, seq_len]`` tensor of token ids.
+
+``iterate_blocks`` runs the calibration set through the model one decoder block at a
+time, so peak memory stays near one block plus the hidden states of the calibration
+set, never the whole model's activations: the caller gets each block with its
+inputs, may change the block (quantize, scale, prune), and the *changed* block's
+outputs become the next block's inputs, as in GPTQ/AWQ.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from compress.architectures import ArchSpec
+
+
+class CalibrationError(ValueError):
+    pass
+
+
+def _read_texts(path: Path, field: str) -> list[str]:
+    if not path.is_file():
+        raise CalibrationError(f"calibration file not found: {path}")
+    if path.suffix == ".jsonl":
+        texts = []
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise CalibrationError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
+            if not isinstance(record, dict) or field not in record:
+                raise CalibrationError(f"{path}:{lineno}: record has no field {field!r}")
+            texts.append(str(record[field]))
+        return texts
+    return [path.read_text(encoding="utf-8")]
+
+
+def _dataset_texts(spec: str, field: str) -> list[str]:
+    """``name[:config]:split`` from the Hugging Face hub (needs network)."""
+    parts = spec.split(":")
+    if len(parts) not in (2, 3):
+        raise CalibrationError(f"dataset spec must be 'name[:config]:split', got {spec!r}")
+    import datasets
+    name, config, split = (parts[0], None, parts[1]) if len(parts) == 2 else parts
+    try:
+        ds = datasets.load_dataset(name, config, split=split)
+    except Exception as exc:  # offline, unknown name, ...
+        raise CalibrationError(f"could not load dataset {spec!r}: {exc}") from None
+    if field not in ds.column_names:
+        raise CalibrationError(f"dataset {spec!r} has no column {field!r}; columns: {ds.column_names}")
+    return [t for t in ds[field] if t]
+
+
+def load_calibration_ids(files: list[str], tokenizer, samples: int, seq_len: int, seed: int,
+                         field: str = "text", dataset: str | None = None) -> torch.Tensor:
+    """Seeded random windows of ``seq_len`` tokens from the concatenated documents."""
+    texts: list[str] = []
+    for f in files:
+        texts.extend(_read_texts(Path(f), field))
+    if dataset:
+        texts.extend(_dataset_texts(dataset, field))
+    texts = [t for t in texts if t.strip()]
+    if not texts:
+        raise CalibrationError("the calibration set is empty: give non-empty 'files' or a 'dataset'")
+    ids: list[int] = []
+    for t in texts:
+        ids.extend(tokenizer(t, add_special_tokens=False)["input_ids"])
+        if tokenizer.eos_token_id is not None:
+            ids.append(tokenizer.eos_token_id)
+    stream = torch.tensor(ids, dtype=torch.long)
+    if stream.numel() < seq_len + 1:
+        raise CalibrationError(f"calibration text has {stream.numel()} tokens, fewer than seq_len={seq_len}")
+    gen = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, stream.numel() - seq_len, (samples,), generator=gen)
+    return torch.stack([stream[s:s + seq_len] for s in starts.tolist()])
+
+
+def get_module(model: nn.Module, path: str) -> nn.Module:
+    return model.get_submodule(path)
+
+
+class _StopForward(Exception):
+    pass
+
+
+@dataclass
+class BlockInputs:
+    """The inputs of one decoder block for the whole calibration set."""
+    hidden: list[torch.Tensor]          # one [batch, T, H] tensor per calibration batch
+    kwargs: dict                        # shared keyword args (position embeddings, mask, ...)
+
+
+def _block_output(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def capture_first_block_inputs(model: nn.Module, arch: ArchSpec, input_ids: torch.Tensor,
+                               batch_size: int = 8) -> BlockInputs:
+    """Run the embedding only, catching what the first decoder block receives."""
+    blocks = get_module(model, arch.layers)
+    first = blocks[0]
+    hidden, kwargs_seen = [], {}
+
+    def hook(_module, args, kwargs):
+        hidden.append(args[0] if args else kwargs["hidden_states"])
+        kwargs_seen.update({k: v for k, v in kwargs.items() if k != "hidden_states"})
+        raise _StopForward
+
+    handle = first.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            for i in range(0, input_ids.shape[0], batch_size):
+                try:
+                    model(input_ids[i:i + batch_size], use_cache=False)
+                except _StopForward:
+                    pass
+    finally:
+        handle.remove()
+    kwargs_seen.pop("past_key_values", None)
+    kwargs_seen.pop("past_key_value", None)
+    kwargs_seen["use_cache"] = False
+    return BlockInputs(hidden, kwargs_seen)
+
+
+def run_block(block: nn.Module, inputs: BlockInputs) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return [_block_output(block(h, **inputs.kwargs)) for h in inputs.hidden]
+
+
+def _check_finite(tensors: list[torch.Tensor], where: str) -> None:
+    for t in tensors:
+        if not torch.isfinite(t).all():
+            raise CalibrationError(f"NaN/Inf in calibration activations {where}; "
+                                   "check the model weights and the calibration text")
+
+
+def iterate_blocks(model: nn.Module, arch: ArchSpec, input_ids: torch.Tensor,
+                   batch_size: int = 8) -> Iterator[tuple[int, nn.Module, BlockInputs]]:
+    """Yield ``(index, block, inputs)`` for each decoder block in order.
+
+    After the consumer resumes the generator, the (possibly modified) block is run on
+    ``inputs`` to produce the next block's inputs. Only one block's activations are
+    alive at a time.
+    """
+    inputs = capture_first_block_inputs(model, arch, input_ids, batch_size)
+    _check_finite(inputs.hidden, "at the input of block 0")
+    blocks = get_module(model, arch.layers)
+    for index, block in enumerate(blocks):
+        yield index, block, inputs
+        outputs = run_block(block, inputs)
+        _check_finite(outputs, f"at the output of block {index} ({arch.layers}.{index})")
+        inputs = BlockInputs(outputs, inputs.kwargs)

@@ -1,0 +1,145 @@
+"""The ``compress`` command line: run, eval, generate, inspect, lm-eval, bench, methods."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _cmd_run(args) -> int:
+    from compress.recipe import load_recipe
+
+    recipe = load_recipe(args.recipe)
+    if args.dry_run:
+        print(f"{args.recipe}: OK — {len(recipe.stages)} stage(s): "
+              + ", ".join(f"{s.name} [{' -> '.join(st.method for st in s.steps)}]" for s in recipe.stages))
+        return 0
+    from compress.pipeline import run_recipe
+
+    result = run_recipe(recipe, Path(args.output) if args.output else None, evaluate=not args.no_eval,
+                        progress=not args.quiet, threads=args.threads)
+    if "report" in result:
+        print(Path(result["report"]).read_text())
+        print(f"report: {result['report']} (+ report.json)")
+    return 0
+
+
+def _cmd_eval(args) -> int:
+    from evals.evaluate import evaluate_from_cli
+
+    return evaluate_from_cli(args)
+
+
+def _cmd_generate(args) -> int:
+    from compress.runtime import LLM, SamplingParams
+
+    llm = LLM(args.path, dtype=args.dtype, kernels=args.kernels, threads=args.threads)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, seed=args.seed)
+    if args.stream:
+        for prompt in args.prompt:
+            print(prompt, end="", flush=True)
+            for delta in llm.stream(prompt, params):
+                print(delta, end="", flush=True)
+            print()
+        return 0
+    for out in llm.generate(args.prompt, params):
+        print(out.prompt + out.text)
+        print(f"--- {len(out.token_ids)} tokens, finish: {out.finish_reason}", file=sys.stderr)
+    return 0
+
+
+def _cmd_inspect(args) -> int:
+    from compress.io.inspect import format_inspect, inspect_checkpoint
+
+    info = inspect_checkpoint(args.path)
+    print(json.dumps(info, indent=2, default=str) if args.json else format_inspect(info))
+    return 0
+
+
+def _cmd_methods(_args) -> int:
+    from compress.registry import METHODS
+
+    for m in METHODS.values():
+        print(f"{m.name:16s} {m.config_class.__name__:22s} {m.description}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="compress", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run a recipe: compress, export, evaluate, report")
+    r.add_argument("recipe")
+    r.add_argument("--output", "-o", help="output directory (default: the recipe's export.output)")
+    r.add_argument("--dry-run", action="store_true", help="only validate the recipe")
+    r.add_argument("--no-eval", action="store_true", help="compress and export only")
+    r.add_argument("--threads", type=int, default=None)
+    r.add_argument("--quiet", action="store_true", help="no progress bars")
+    r.set_defaults(func=_cmd_run)
+
+    e = sub.add_parser("eval", help="evaluate a checkpoint (exported or plain Hugging Face)")
+    e.add_argument("path")
+    e.add_argument("--text", help="text file for perplexity (default: the shipped held-out pydoc text)")
+    e.add_argument("--seq-len", type=int, default=256)
+    e.add_argument("--tasks", nargs="*", default=None, help="lm-eval tasks (local ones by default)")
+    e.add_argument("--limit", type=int, default=None, help="examples per task")
+    e.add_argument("--base", help="a base checkpoint to compute KL divergence against")
+    e.add_argument("--no-speed", action="store_true")
+    e.add_argument("--threads", type=int, default=None)
+    e.add_argument("--kernels", choices=["native", "reference"], default="native")
+    e.add_argument("--json", help="also write the record to this file")
+    e.set_defaults(func=_cmd_eval)
+
+    g = sub.add_parser("generate", help="generate text with the bundled runtime")
+    g.add_argument("path")
+    g.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stream", action="store_true")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    g.add_argument("--kernels", choices=["native", "reference"], default="native")
+    g.add_argument("--threads", type=int, default=None)
+    g.set_defaults(func=_cmd_generate)
+
+    i = sub.add_parser("inspect", help="what a checkpoint holds: schemes per layer, size, checksums")
+    i.add_argument("path")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(func=_cmd_inspect)
+
+    sub.add_parser("methods", help="list the registered recipe methods").set_defaults(func=_cmd_methods)
+
+    # lm-eval's own CLI with our model registered; every argument passed through unchanged
+    sub.add_parser("lm-eval", help="lm-eval's CLI with --model compress registered", add_help=False)
+
+    try:
+        from compress.bench import add_bench_parser
+    except ImportError:
+        add_bench_parser = None
+    if add_bench_parser is not None:
+        add_bench_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["lm-eval"]:
+        from evals.lm_eval_cli import main as lm_eval_main
+
+        return lm_eval_main(argv[1:]) or 0
+    args = build_parser().parse_args(argv)
+    from compress.errors import USER_ERRORS
+
+    try:
+        return args.func(args) or 0
+    except USER_ERRORS as exc:
+        print(f"compress {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Checkpoint I/O: the on-disk format (safetensors + manifest), export and load."""

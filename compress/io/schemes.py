@@ -1,0 +1,32 @@
+"""The in-memory hand-off between quantizers and export: one QuantizedWeight per linear.
+
+``tensors`` hold the canonical op layout (``compress/ops/reference.py``) under the
+keyword names of the runtime layer class for ``scheme``
+(``compress/runtime/layers.py``):
+
+* ``w4a16``: qweight int32 [N, K/8], scales [N, K/g], zeros uint8 [N, K/g]; meta: group_size, in_features
+* ``w8a8``: qweight int8 [N, K], weight_scale fp32 [N]
+* ``llm_int8``: qweight int8 [N, K], weight_scale fp32 [N], outlier_idx int64 [C], outlier_weight [N, C]; meta: threshold
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+SCHEMES = ("dense", "w4a16", "w8a8", "llm_int8")
+
+
+@dataclass
+class QuantizedWeight:
+    scheme: str
+    tensors: dict[str, torch.Tensor]
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"unknown weight scheme {self.scheme!r}; known: {SCHEMES}")
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())

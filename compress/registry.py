@@ -1,0 +1,33 @@
+"""The one registry of recipe methods: method name -> (config class, apply function).
+
+Adding a method means adding one line here. ``apply(state, config, ctx)`` mutates the
+:class:`compress.state.CompressionState` in place.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from quantizers.rtn import RTNConfig, apply_rtn
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    config_class: type
+    apply: Callable
+    needs_calibration: bool
+    description: str
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("rtn", RTNConfig, apply_rtn, False,
+           "round-to-nearest: int8 per-channel W8A8 or groupwise int4 W4A16"),
+)}
+
+
+def get_method(name: str) -> Method:
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise KeyError(f"unknown method {name!r}; registered methods: {', '.join(sorted(METHODS))}") from None

@@ -1,0 +1,241 @@
+"""Llama-family decoder (Llama, Mistral, Qwen2) built from a checkpoint's tensors.
+
+Our own implementation, not transformers' modules: RMSNorm, RoPE, grouped-query
+attention through ``scaled_dot_product_attention`` (``enable_gqa``, no head loops),
+SwiGLU MLP, optional tied embeddings. Family differences come from the table in
+``compress/architectures.py`` (module names, q/k/v bias, sliding window). Every
+linear is a runtime layer class (``compress/runtime/layers.py``) chosen by the
+checkpoint's scheme for that module, so dense and packed weights run the same code.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from compress.architectures import ArchSpec, get_arch
+from compress.runtime.layers import LAYER_CLASSES
+from compress.runtime.models.rope import apply_rope, inverse_frequencies, rope_tables
+
+SUPPORTED_ACTIVATIONS = ("silu", "swish")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, weight: torch.Tensor, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, q_proj, k_proj, v_proj, o_proj, n_heads: int, n_kv_heads: int, head_dim: int):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = q_proj, k_proj, v_proj, o_proj
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+
+    def forward(self, x, cos, sin, kv, start: int, mask, is_causal: bool):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if kv is not None:
+            k_cache, v_cache = kv
+            k_cache[:b, :, start:start + t] = k
+            v_cache[:b, :, start:start + t] = v
+            k, v = k_cache[:b, :, :start + t], v_cache[:b, :, :start + t]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                           enable_gqa=self.n_heads != self.n_kv_heads)
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, gate_proj, up_proj, down_proj):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, attn: Attention, mlp: MLP, attn_norm: RMSNorm, mlp_norm: RMSNorm,
+                 window: int | None):
+        super().__init__()
+        self.attn, self.mlp, self.attn_norm, self.mlp_norm = attn, mlp, attn_norm, mlp_norm
+        self.window = window
+
+    def forward(self, x, cos, sin, kv, start, mask, is_causal):
+        x = x + self.attn(self.attn_norm(x), cos, sin, kv, start, mask, is_causal)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class LlamaFamilyModel(nn.Module):
+    """``forward`` returns final hidden states; ``logits`` applies the LM head (fp32 out)."""
+
+    def __init__(self, embed: torch.Tensor, layers: list[DecoderLayer], norm: RMSNorm, lm_head: nn.Module,
+                 inv_freq: torch.Tensor, max_seq_len: int, n_kv_heads: int, head_dim: int):
+        super().__init__()
+        self.embed = nn.Parameter(embed, requires_grad=False)
+        self.layers = nn.ModuleList(layers)
+        self.norm, self.lm_head = norm, lm_head
+        self.max_seq_len, self.n_kv_heads, self.head_dim = max_seq_len, n_kv_heads, head_dim
+        cos, sin = rope_tables(inv_freq, max_seq_len)
+        self.register_buffer("rope_cos", cos.to(embed.device), persistent=False)
+        self.register_buffer("rope_sin", sin.to(embed.device), persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    @property
+    def vocab_size(self) -> int:
+        return self.embed.shape[0]
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache=None,
+                start: int = 0, key_valid: torch.Tensor | None = None) -> torch.Tensor:
+        """``input_ids``/``positions`` ``[B, T]``; the queries occupy cache slots
+        ``start .. start+T-1``; ``key_valid [B, start+T]`` marks real (non-pad) slots,
+        ``None`` when all are real."""
+        x = F.embedding(input_ids, self.embed)
+        cos = self.rope_cos[positions].to(x.dtype).unsqueeze(1)
+        sin = self.rope_sin[positions].to(x.dtype).unsqueeze(1)
+        t = input_ids.shape[1]
+        masks: dict = {}
+        for i, layer in enumerate(self.layers):
+            if layer.window not in masks:
+                masks[layer.window] = attention_mask(t, start, key_valid, layer.window, x.device)
+            mask, is_causal = masks[layer.window]
+            kv = None if kv_cache is None else kv_cache.layer(i)
+            x = layer(x, cos, sin, kv, start, mask, is_causal)
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+
+def attention_mask(t: int, start: int, key_valid: torch.Tensor | None, window: int | None,
+                   device) -> tuple[torch.Tensor | None, bool]:
+    """``(mask [B|1, 1, T, S] bool or None, is_causal)`` for queries at slots
+    ``start..start+T-1`` over keys ``0..S-1`` (S = start + T).
+
+    Causal, optionally windowed (a query sees keys less than ``window`` slots back),
+    restricted to valid keys. A query always sees its own slot, so padded query rows
+    stay finite."""
+    s = start + t
+    windowed = window is not None and s > window
+    if key_valid is None and not windowed:
+        if t == 1:
+            return None, False
+        if start == 0:
+            return None, True
+    q_slot = torch.arange(start, s, device=device).unsqueeze(1)
+    k_slot = torch.arange(s, device=device).unsqueeze(0)
+    allowed = k_slot <= q_slot
+    if windowed:
+        allowed = allowed & (k_slot > q_slot - window)
+    if key_valid is not None:
+        allowed = (allowed.unsqueeze(0) & key_valid[:, None, :s]) | (k_slot == q_slot).unsqueeze(0)
+    else:
+        allowed = allowed.unsqueeze(0)
+    return allowed.unsqueeze(1), False
+
+
+# ----------------------------------------------------------------------------- building
+
+def layer_windows(config, arch: ArchSpec) -> list[int | None]:
+    """Sliding-attention window per layer (``None`` = full attention)."""
+    n = config.num_hidden_layers
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types:
+        unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
+        if unknown:
+            raise ValueError(f"unsupported attention layer types {unknown} in config")
+        return [window if kind == "sliding_attention" and window else None for kind in types]
+    if arch.sliding_window and window and getattr(config, "use_sliding_window", True):
+        return [window] * n
+    return [None] * n
+
+
+class _Tensors:
+    """Fetches named tensors from a checkpoint, moved to device (floats cast to dtype)."""
+
+    def __init__(self, ckpt, dtype: torch.dtype, device):
+        self.ckpt, self.dtype, self.device = ckpt, dtype, torch.device(device)
+
+    def dense(self, name: str, required: bool = True) -> torch.Tensor | None:
+        t = self.ckpt.dense.get(name)
+        if t is None:
+            if required:
+                raise KeyError(f"checkpoint has no tensor {name!r}")
+            return None
+        return self.cast(t)
+
+    def cast(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.device, self.dtype if t.is_floating_point() else t.dtype)
+
+    def linear(self, path: str, kernels: str) -> nn.Module:
+        bias = self.dense(path + ".bias", required=False)
+        qw = self.ckpt.quantized.get(path)
+        if qw is None:
+            layer = LAYER_CLASSES["dense"](self.dense(path + ".weight"), bias)
+        else:
+            cls = LAYER_CLASSES[qw.scheme]
+            accepted = inspect.signature(cls.__init__).parameters
+            kwargs = {k: (self.cast(v) if qw.scheme == "dense" else v.to(self.device))
+                      for k, v in qw.tensors.items()}
+            kwargs.update({k: v for k, v in qw.meta.items() if k in accepted and k not in kwargs})
+            layer = cls(**kwargs, bias=bias)
+        layer.prepare(kernels)
+        return layer
+
+
+def build_model(ckpt, dtype: torch.dtype = torch.float32, device="cpu", kernels: str = "native",
+                max_seq_len: int | None = None) -> LlamaFamilyModel:
+    """Our decoder for a checkpoint (``config``, ``dense``, ``quantized``)."""
+    config = ckpt.config
+    arch = get_arch(getattr(config, "model_type", None), where="config.json")
+    act = getattr(config, "hidden_act", "silu")
+    if act not in SUPPORTED_ACTIVATIONS:
+        raise ValueError(f"hidden_act {act!r} is not supported; supported: {SUPPORTED_ACTIVATIONS}")
+    n_heads = config.num_attention_heads
+    n_kv = getattr(config, "num_key_value_heads", None) or n_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
+    eps = config.rms_norm_eps
+    max_seq_len = max_seq_len or getattr(config, "max_position_embeddings", 4096)
+    tensors = _Tensors(ckpt, dtype, device)
+
+    layers = []
+    for i, window in enumerate(layer_windows(config, arch)):
+        p = arch.block_prefix(i) + "."
+        attn = Attention(*(tensors.linear(p + name, kernels)
+                           for name in (arch.q_proj, arch.k_proj, arch.v_proj, arch.o_proj)),
+                         n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim)
+        mlp = MLP(*(tensors.linear(p + name, kernels)
+                    for name in (arch.gate_proj, arch.up_proj, arch.down_proj)))
+        layers.append(DecoderLayer(attn, mlp, RMSNorm(tensors.dense(p + arch.attn_norm + ".weight"), eps),
+                                   RMSNorm(tensors.dense(p + arch.mlp_norm + ".weight"), eps), window))
+
+    embed = tensors.dense(arch.embed_tokens + ".weight")
+    if arch.lm_head in ckpt.quantized or arch.lm_head + ".weight" in ckpt.dense:
+        lm_head = tensors.linear(arch.lm_head, kernels)
+    elif getattr(config, "tie_word_embeddings", False):
+        lm_head = LAYER_CLASSES["dense"](embed)
+    else:
+        raise KeyError(f"checkpoint has no {arch.lm_head!r} weight and tie_word_embeddings is false")
+    norm = RMSNorm(tensors.dense(arch.final_norm + ".weight"), eps)
+    model = LlamaFamilyModel(embed, layers, norm, lm_head, inverse_frequencies(config, head_dim),
+                             max_seq_len, n_kv, head_dim)
+    return model.eval()

@@ -1,0 +1,121 @@
+"""Sampling parameters and the batched sampler (greedy, temperature, top-k, top-p).
+
+Each request may carry its own seed: its draws then come from its own
+``torch.Generator``, so its output does not depend on what else is in the batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    """vLLM-shaped sampling parameters. ``temperature=0`` is greedy; ``top_k=0`` (or -1)
+    and ``top_p=1`` disable those filters; ``stop`` holds strings that end a sequence
+    (excluded from the text), ``stop_token_ids`` tokens that do."""
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if self.max_tokens is None or int(self.max_tokens) < 1:
+            raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if self.top_k < -1:
+            raise ValueError(f"SamplingParams.top_k must be -1, 0 (off) or positive, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = [s for s in (self.stop or []) if s]
+        self.stop_token_ids = list(self.stop_token_ids or [])
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def make_generator(self, device="cpu") -> torch.Generator | None:
+        if self.seed is None:
+            return None
+        g = torch.Generator(device=device)
+        g.manual_seed(int(self.seed))
+        return g
+
+
+class BatchSampler:
+    """Per-row parameters of a batch held as tensors, so one step samples the whole
+    batch with a handful of vectorized ops. ``keep`` follows the runner's compaction."""
+
+    def __init__(self, params: list[SamplingParams], device="cpu"):
+        self.device = torch.device(device)
+        self.params = list(params)
+        self.generators = [p.make_generator(self.device) for p in params]
+        self._tensors()
+
+    def _tensors(self):
+        ps = self.params
+        self.all_greedy = all(p.greedy for p in ps)
+        self.temperature = torch.tensor([p.temperature for p in ps], device=self.device)
+        self.top_k = torch.tensor([p.top_k if p.top_k > 0 else 0 for p in ps], device=self.device)
+        self.top_p = torch.tensor([p.top_p for p in ps], device=self.device)
+        self.need_filter = any((p.top_k > 0 or p.top_p < 1.0) and not p.greedy for p in ps)
+
+    def keep(self, rows: list[int]) -> None:
+        self.params = [self.params[i] for i in rows]
+        self.generators = [self.generators[i] for i in rows]
+        self._tensors()
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        return sample(logits, self.temperature, self.top_k, self.top_p, self.generators,
+                      all_greedy=self.all_greedy, need_filter=self.need_filter)
+
+
+def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Set to -inf every logit outside each row's top-k and top-p nucleus.
+    ``top_k`` 0 = no limit; the nucleus is the smallest set of most likely tokens whose
+    probability reaches ``top_p`` (always at least one token)."""
+    vocab = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
+    k = torch.where(top_k > 0, top_k, vocab).unsqueeze(1)
+    sorted_logits = sorted_logits.masked_fill(ranks >= k, float("-inf"))
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop = (mass_before >= top_p.unsqueeze(1)) & (top_p < 1.0).unsqueeze(1)
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+           generators: list[torch.Generator | None], all_greedy: bool = False,
+           need_filter: bool = True) -> torch.Tensor:
+    """One token per row of fp32 ``logits [B, V]``."""
+    greedy_tokens = logits.argmax(dim=-1)
+    if all_greedy:
+        return greedy_tokens
+    greedy = temperature == 0
+    scaled = logits / torch.where(greedy, 1.0, temperature).unsqueeze(1)
+    if need_filter:
+        scaled = filter_logits(scaled, top_k, top_p)
+    probs = scaled.softmax(dim=-1)
+    # Exponential race: argmax(p / E), E ~ Exp(1), draws a token with probability p.
+    noise = torch.empty_like(probs)
+    unseeded = [i for i, g in enumerate(generators) if g is None]
+    if len(unseeded) == len(generators):
+        noise.exponential_()
+    else:
+        for i, g in enumerate(generators):
+            if g is not None:
+                noise[i].exponential_(generator=g)
+        if unseeded:
+            noise[unseeded] = torch.empty((len(unseeded), probs.shape[1]), device=probs.device).exponential_()
+    sampled = (probs / noise).argmax(dim=-1)
+    return torch.where(greedy, greedy_tokens, sampled)

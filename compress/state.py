@@ -1,0 +1,49 @@
+"""The object a recipe's steps work on: the model being compressed and what has been
+decided about its layers so far."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from compress.architectures import ArchSpec
+from compress.io.schemes import QuantizedWeight
+
+
+def dequantize(qw: QuantizedWeight) -> torch.Tensor:
+    """Float32 dense weight equivalent to a QuantizedWeight (what the runtime computes)."""
+    from compress.ops import reference as ref
+    t = qw.tensors
+    if qw.scheme == "w4a16":
+        return ref.dequantize_int4(t["qweight"], t["scales"], t["zeros"], qw.meta["group_size"])
+    w = t["qweight"].to(torch.float32) * t["weight_scale"].to(torch.float32).unsqueeze(1)
+    if qw.scheme == "llm_int8":
+        w[:, t["outlier_idx"].long()] = t["outlier_weight"].to(torch.float32)
+    return w
+
+
+@dataclass
+class CompressionState:
+    model: nn.Module                    # a transformers *ForCausalLM, float
+    arch: ArchSpec
+    tokenizer: Any
+    model_path: str
+    quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
+
+    def record_quantized(self, name: str, module: nn.Linear, qw: QuantizedWeight) -> None:
+        """Record layer ``name`` as quantized and replace its float weight by the
+        dequantized one, so later steps and evaluations see the quantized function."""
+        self.quantized[name] = qw
+        with torch.no_grad():
+            module.weight.copy_(dequantize(qw).to(module.weight.dtype))
+
+
+@dataclass
+class StepContext:
+    where: str                                   # "recipe.yaml: stage 'x' step 2 (awq)"
+    calibration: Callable[[], torch.Tensor]      # lazily loaded token ids [samples, seq_len]
+    seed: int = 0
+    progress: bool = True
+    extras: dict = field(default_factory=dict)   # e.g. a teacher model for distillation

@@ -1,0 +1,61 @@
+// Host launchers of the compress CUDA kernels. Plain C++ + CUDA runtime types,
+// no torch: the torch bindings (bindings/ops.cpp) allocate and call these.
+// All pointers are device pointers, all matrices row-major and contiguous.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace cpk {
+
+enum class DType : int { kF16 = 0, kBF16 = 1, kF32 = 2 };
+
+// ---- W4A16 -----------------------------------------------------------------
+// Canonical int4 -> shuffled fragment order (see int4_layout.cuh);
+// out int32 [Np/16 * Kp * 2].
+cudaError_t launch_w4a16_shuffle(const int32_t* qweight, int n, int k, int32_t* out, cudaStream_t stream);
+
+// Canonical int4 -> dense weight [n, k] in `dtype` (any group size); the
+// fallback for shapes / dtypes the tensor-core kernel does not take.
+cudaError_t launch_w4a16_dequant(DType dtype, const int32_t* qweight, const void* scales, const uint8_t* zeros,
+                                 int n, int k, int group_size, void* out, cudaStream_t stream);
+
+struct W4A16Args {
+  const void* x;          // [m, k] f16/bf16
+  const int32_t* qshuf;   // shuffled weights, padded [np, kp]
+  const void* scales_t;   // [ceil(kp/g), np] same dtype as x
+  const uint8_t* zeros_t; // [ceil(kp/g), np]
+  void* y;                // [m, n] same dtype as x
+  float* workspace;       // [splits, m, n] fp32 when splits > 1
+  int m, n, k, np, kp, group_size, splits;
+};
+// splits for this problem on a GPU with `sms` SMs (host helper).
+int w4a16_splits(int m, int np, int kp, int sms);
+// group_size must be a multiple of 16; dtype kF16 or kBF16.
+cudaError_t launch_w4a16_gemm(DType dtype, const W4A16Args& args, cudaStream_t stream);
+
+// ---- int8 ------------------------------------------------------------------
+// Per-token symmetric int8 quantization of x [m, k] (f16/bf16/f32). Columns
+// listed in outlier_idx [c] (may be null with c = 0) are left out of the
+// row max, written as 0 in q, and gathered into x_outliers [m, c] (x's dtype).
+// q has row stride ldq >= k; columns k..ldq-1 are written as 0.
+cudaError_t launch_quantize_rows(DType dtype, const void* x, int m, int k, int ldq, const int64_t* outlier_idx,
+                                 int c, int8_t* q, float* scale, void* x_outliers, cudaStream_t stream);
+
+struct W8A8Args {
+  const int8_t* xq;        // [m, kq] (kq % 16 == 0, zero padded)
+  const float* x_scale;    // [m]
+  const int8_t* wq;        // [n, kq]
+  const float* w_scale;    // [n]
+  const void* x_outliers;  // [m, c] output dtype, or null
+  const void* w_outliers;  // [n, c] output dtype, or null
+  void* y;                 // [m, n] output dtype
+  int32_t* workspace;      // [m, n] int32, zeroed, when splits > 1
+  int m, n, kq, c, splits;
+};
+int w8a8_splits(int m, int n, int kq, int sms);
+cudaError_t launch_w8a8_gemm(DType out_dtype, const W8A8Args& args, cudaStream_t stream);
+
+}  // namespace cpk

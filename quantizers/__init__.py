@@ -1,0 +1,1 @@
+"""Quantization algorithms: primitives, round-to-nearest, LLM.int8(), AWQ."""
