@@ -1,0 +1,67 @@
+"""Tiny Hugging Face models and tokenizers built on the fly for tests (no downloads).
+
+``make_tiny_model(dir, "llama")`` writes a random-init model of the named family
+plus a small byte-level BPE tokenizer trained on Python's own builtin docstrings.
+"""
+from __future__ import annotations
+
+import builtins
+import functools
+from pathlib import Path
+
+import torch
+
+FAMILIES = ("llama", "mistral", "qwen2")
+
+
+def corpus_text() -> str:
+    docs = [getattr(builtins, n).__doc__ or "" for n in sorted(dir(builtins))]
+    return "\n\n".join(d for d in docs if len(d) > 40)
+
+
+@functools.lru_cache(maxsize=None)
+def _tokenizer_json(vocab_size: int) -> str:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([corpus_text()], trainer)
+    return tok.to_str()
+
+
+def make_tokenizer(vocab_size: int = 512):
+    from tokenizers import Tokenizer
+    from tokenizers.processors import TemplateProcessing
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer.from_str(_tokenizer_json(vocab_size))
+    tok.post_processor = TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                            special_tokens=[("<s>", tok.token_to_id("<s>"))])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="</s>")
+
+
+def tiny_config(family: str = "llama", **overrides):
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+    cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[family]
+    kw = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, vocab_size=512, max_position_embeddings=512, bos_token_id=0,
+              eos_token_id=1, tie_word_embeddings=False)
+    kw.update(overrides)
+    return cls(**kw)
+
+
+def make_tiny_model(path: Path, family: str = "llama", seed: int = 0, **overrides) -> Path:
+    """Save a random tiny ``family`` model + tokenizer into ``path``; returns ``path``."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(family, **overrides))
+    model.eval()
+    path = Path(path)
+    model.save_pretrained(path, safe_serialization=True)
+    make_tokenizer(model.config.vocab_size).save_pretrained(path)
+    return path
