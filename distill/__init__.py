@@ -1,0 +1,1 @@
+"""Distillation healing (teacher -> student logit KL). Planned; no method is registered yet."""

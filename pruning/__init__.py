@@ -1,0 +1,1 @@
+"""Structural pruning (Minitron-style width and depth). Planned; no method is registered yet."""
