@@ -1,0 +1,313 @@
+"""Load a checkpoint directory: our exports, plain HF safetensors dirs, compressed-tensors dirs.
+
+Only safetensors are read (never pickle). Every failure is a :class:`CheckpointError`
+whose message names the directory, file or tensor at fault.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from compress.io.export import MANIFEST_NAME, SAFE_INDEX_NAME, SAFE_WEIGHTS_NAME, sha256_file
+from compress.io.formats import (FORMAT_NAME, SUPPORTED_FORMAT_VERSIONS, CheckpointFormatError,
+                                 decode_quantized, group_tensor_names)
+from compress.io.schemes import QuantizedWeight
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+HUB_ALLOW_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.jinja", "*.yaml"]
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+_SUPPORTED_CT_FORMATS = {"pack-quantized", "int-quantized", "naive-quantized", "mixed-precision", "dense"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be read; the message names what and where."""
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    config: Any                                  # transformers PretrainedConfig
+    manifest: dict | None
+    dense: dict[str, torch.Tensor]
+    quantized: dict[str, QuantizedWeight]
+    tokenizer_path: Path | None
+    files: dict[str, dict] = field(default_factory=dict)  # name -> {size, sha256?, status}
+    size_bytes: int = 0                          # bytes of the safetensors weight files
+
+    @property
+    def schemes(self) -> dict[str, str]:
+        return {m: q.scheme for m, q in self.quantized.items()}
+
+
+# ---------------------------------------------------------------- resolving paths
+
+def _looks_like_hub_id(name: str) -> bool:
+    return bool(_HUB_ID.match(name)) and not name.startswith((".", "~")) and ".." not in name
+
+
+def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
+    """A local directory as is; otherwise a hub id downloaded with ``snapshot_download``
+    (safetensors, json and tokenizer files only)."""
+    s = str(name_or_path)
+    p = Path(s).expanduser()
+    if p.is_dir():
+        return p
+    if p.exists():
+        raise CheckpointError(f"model path {p} is a file, not a model directory")
+    if not _looks_like_hub_id(s):
+        raise CheckpointError(f"model directory {p} does not exist (and {s!r} is not a Hugging Face hub id)")
+    try:
+        from huggingface_hub import snapshot_download
+        local = snapshot_download(repo_id=s, allow_patterns=HUB_ALLOW_PATTERNS)
+    except Exception as e:  # offline mode, unknown repo, network, auth ...
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+        hint = " (HF_HUB_OFFLINE is set, so the hub was not contacted)" if offline else ""
+        raise CheckpointError(
+            f"{s!r} is not a local directory and could not be fetched from the Hugging Face hub{hint}: "
+            f"{type(e).__name__}: {reason}") from None
+    return Path(local)
+
+
+# ---------------------------------------------------------------- files
+
+def find_weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
+    """Safetensors weight files of ``path`` (and the index's weight_map when sharded)."""
+    index = path / SAFE_INDEX_NAME
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (ValueError, KeyError) as e:
+            raise CheckpointError(f"{index}: not a valid safetensors index ({e})") from None
+        files = sorted({path / f for f in weight_map.values()})
+        for f in files:
+            if not f.is_file():
+                raise CheckpointError(f"{index} lists shard {f.name}, which is missing from {path}")
+        return files, weight_map
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
+        if pickles:
+            raise CheckpointError(
+                f"{path} holds only pickle weights ({', '.join(pickles[:3])}); compress reads safetensors only "
+                "and never unpickles. Convert the model to safetensors first "
+                "(e.g. load it in a trusted environment and save_pretrained(..., safe_serialization=True)).")
+        raise CheckpointError(f"no *.safetensors weight files in {path}")
+    return files, None
+
+
+def read_manifest(path: Path) -> dict | None:
+    mpath = path / MANIFEST_NAME
+    if not mpath.is_file():
+        return None
+    try:
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise CheckpointError(f"{mpath}: invalid JSON ({e})") from None
+    if manifest.get("format") != FORMAT_NAME:
+        raise CheckpointError(f"{mpath}: format {manifest.get('format')!r} is not {FORMAT_NAME!r}")
+    version = manifest.get("format_version")
+    if version not in SUPPORTED_FORMAT_VERSIONS:
+        raise CheckpointError(
+            f"{mpath}: unknown format version {version!r}; this compress reads versions "
+            f"{', '.join(map(str, SUPPORTED_FORMAT_VERSIONS))}")
+    return manifest
+
+
+def verify_files(path: Path, manifest: dict | None, strict: bool = True) -> dict[str, dict]:
+    """Check every file listed in the manifest (size, sha256). ``strict`` raises on the
+    first problem; otherwise each entry gets a ``status`` of ok / mismatch / missing,
+    and files not in the manifest are reported as ``unlisted``."""
+    out: dict[str, dict] = {}
+    listed = (manifest or {}).get("files", {})
+    for name, info in sorted(listed.items()):
+        f = path / name
+        if not f.is_file():
+            if strict:
+                raise CheckpointError(f"{f}: listed in {MANIFEST_NAME} but missing")
+            out[name] = {"size": None, "sha256": None, "expected_sha256": info.get("sha256"), "status": "missing"}
+            continue
+        size = f.stat().st_size
+        digest = sha256_file(f)
+        ok = digest == info.get("sha256") and size == info.get("size", size)
+        if strict and not ok:
+            raise CheckpointError(
+                f"{f}: checksum mismatch (sha256 {digest[:16]}..., size {size}; manifest says "
+                f"{str(info.get('sha256'))[:16]}..., size {info.get('size')}); the file is corrupted or was modified")
+        out[name] = {"size": size, "sha256": digest, "expected_sha256": info.get("sha256"),
+                     "status": "ok" if ok else "mismatch"}
+    if not strict:
+        for f in sorted(path.rglob("*")):
+            name = f.relative_to(path).as_posix()
+            if f.is_file() and name not in out and name != MANIFEST_NAME:
+                status = "unlisted" if manifest is not None else "unverified"
+                out[name] = {"size": f.stat().st_size, "sha256": sha256_file(f), "status": status}
+    return out
+
+
+def read_safetensors_header(f: Path) -> dict[str, tuple[str, list[int]]]:
+    """name -> (dtype string, shape) without reading tensor data."""
+    try:
+        with safe_open(str(f), framework="pt") as st:
+            return {k: (st.get_slice(k).get_dtype(), list(st.get_slice(k).get_shape())) for k in st.keys()}
+    except Exception as e:
+        raise CheckpointError(f"{f}: truncated or corrupted safetensors file ({type(e).__name__}: {e})") from None
+
+
+def _load_tensors(f: Path) -> dict[str, torch.Tensor]:
+    try:
+        with safe_open(str(f), framework="pt") as st:
+            return {k: st.get_tensor(k) for k in st.keys()}
+    except Exception as e:
+        raise CheckpointError(f"{f}: truncated or corrupted safetensors file ({type(e).__name__}: {e})") from None
+
+
+# ---------------------------------------------------------------- config
+
+def load_config(path: Path):
+    cfile = path / "config.json"
+    if not cfile.is_file():
+        raise CheckpointError(f"{path}: no config.json (not a Hugging Face model directory)")
+    try:
+        raw = json.loads(cfile.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise CheckpointError(f"{cfile}: invalid JSON ({e})") from None
+    _check_quantization_config(raw.get("quantization_config"), cfile)
+    from transformers import AutoConfig
+    try:
+        return AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+    except Exception as e:
+        raise CheckpointError(f"{cfile}: transformers cannot read this config ({type(e).__name__}: {e})") from None
+
+
+def _check_quantization_config(qc: dict | None, cfile: Path) -> None:
+    if not qc:
+        return
+    method = qc.get("quant_method")
+    if method == "compressed-tensors":
+        fmt = qc.get("format")
+        groups = qc.get("config_groups") or {}
+        fmts = {fmt} | {g.get("format") for g in groups.values() if isinstance(g, dict) and g.get("format")}
+        bad = sorted(str(f) for f in fmts - _SUPPORTED_CT_FORMATS)
+        if bad:
+            raise CheckpointError(f"{cfile}: compressed-tensors format(s) {bad} not supported; "
+                                  f"supported: {sorted(_SUPPORTED_CT_FORMATS)}")
+        for name, g in groups.items():
+            w = (g or {}).get("weights") or {}
+            if w and (w.get("type") != "int" or w.get("num_bits") not in (4, 8)):
+                raise CheckpointError(f"{cfile}: config group {name!r} quantizes weights to "
+                                      f"{w.get('num_bits')}-bit {w.get('type')}; only int4 / int8 are supported")
+    elif method == "bitsandbytes":
+        if qc.get("load_in_4bit"):
+            raise CheckpointError(f"{cfile}: bitsandbytes 4-bit checkpoints are not supported (only LLM.int8)")
+    elif method != "compress":
+        raise CheckpointError(f"{cfile}: quantization method {method!r} is not supported "
+                              "(supported: compressed-tensors int4/int8, bitsandbytes int8, compress)")
+
+
+def _expected_tensor_names(config) -> list[tuple[str, bool]]:
+    """(module or tensor, is_linear) the architecture table says must exist."""
+    from compress.architectures import ARCHITECTURES
+    spec = ARCHITECTURES.get(getattr(config, "model_type", None))
+    if spec is None:
+        return []
+    out = [(f"{spec.embed_tokens}.weight", False), (f"{spec.final_norm}.weight", False)]
+    for i in range(int(config.num_hidden_layers)):
+        b = spec.block_prefix(i)
+        out += [(f"{b}.{spec.attn_norm}.weight", False), (f"{b}.{spec.mlp_norm}.weight", False)]
+        out += [(f"{b}.{lin}", True) for lin in spec.block_linears]
+    if not getattr(config, "tie_word_embeddings", False):
+        out.append((spec.lm_head, True))
+    return out
+
+
+# ---------------------------------------------------------------- load
+
+def load_checkpoint(path: str | os.PathLike, verify: bool = True, check_finite: bool = True) -> Checkpoint:
+    """Read a checkpoint directory (see module doc). ``verify`` checks the manifest's
+    sha256 of every file; ``check_finite`` rejects NaN/Inf in any floating tensor."""
+    path = resolve_model_path(path)
+    manifest = read_manifest(path)
+    config = load_config(path)
+    files: dict[str, dict] = {}
+    if manifest is not None and verify:
+        files = verify_files(path, manifest, strict=True)
+    weight_files, weight_map = find_weight_files(path)
+
+    tensors: dict[str, torch.Tensor] = {}
+    origin: dict[str, Path] = {}
+    for f in weight_files:
+        for k, t in _load_tensors(f).items():
+            if k in tensors:
+                raise CheckpointError(f"tensor '{k}' appears in both {origin[k].name} and {f.name}")
+            tensors[k], origin[k] = t, f
+    if weight_map is not None:
+        for k, fname in weight_map.items():
+            if k not in tensors:
+                raise CheckpointError(f"missing tensor '{k}': {SAFE_INDEX_NAME} puts it in {fname}, which lacks it")
+
+    dense_names, groups = group_tensor_names({k: t.dtype for k, t in tensors.items()})
+    layers_meta = (manifest or {}).get("layers", {})
+    quantized: dict[str, QuantizedWeight] = {}
+    for mod, (scheme, locs) in groups.items():
+        entry = layers_meta.get(mod)
+        if entry is not None and entry.get("scheme") != scheme:
+            raise CheckpointError(f"'{mod}': manifest says scheme {entry.get('scheme')!r} but its tensors "
+                                  f"form {scheme!r} (in {origin[next(iter(locs.values()))].name})")
+        meta = dict((entry or {}).get("meta", {}))
+        if scheme == "llm_int8" and "threshold" not in meta:
+            qc = getattr(config, "quantization_config", None) or {}
+            if isinstance(qc, dict) and "llm_int8_threshold" in qc:
+                meta["threshold"] = qc["llm_int8_threshold"]
+        try:
+            quantized[mod] = decode_quantized(mod, scheme, {k: tensors[v] for k, v in locs.items()}, meta)
+        except CheckpointFormatError as e:
+            raise CheckpointError(f"{path}: {e}") from None
+    for mod, entry in layers_meta.items():
+        if mod not in quantized:
+            raise CheckpointError(f"missing tensors for '{mod}' ({entry.get('scheme')}, listed in {MANIFEST_NAME}) "
+                                  f"in {path}")
+        for local in entry.get("tensors", []):
+            if f"{mod}.{local}" not in tensors:
+                raise CheckpointError(f"missing tensor '{mod}.{local}' in {path}")
+    dense = {k: tensors[k] for k in dense_names}
+    for k in dense:
+        if k.rpartition(".")[2] in ("weight_packed", "weight_scale", "weight_zero_point", "SCB", "weight_shape"):
+            raise CheckpointError(f"tensor '{k}' in {origin[k].name} looks quantized but its module is not "
+                                  "in a supported layout")
+
+    for name, is_linear in _expected_tensor_names(config):
+        present = (name in quantized or f"{name}.weight" in dense) if is_linear else name in dense
+        if not present:
+            raise CheckpointError(f"missing tensor '{name if not is_linear else name + '.weight'}' in {path} "
+                                  f"(required by the {config.model_type} architecture)")
+
+    if check_finite:
+        for k, t in dense.items():
+            _check_finite(k, t, origin[k])
+        for mod, q in quantized.items():
+            for local, t in q.tensors.items():
+                _check_finite(f"{mod}.{local}", t, origin.get(next(iter(groups[mod][1].values()))))
+
+    tok = path if any((path / m).is_file() for m in TOKENIZER_MARKERS) else None
+    if not files:
+        files = {f.relative_to(path).as_posix(): {"size": f.stat().st_size, "status": "unverified"}
+                 for f in sorted(path.rglob("*")) if f.is_file()}
+    size = sum(f.stat().st_size for f in weight_files)
+    return Checkpoint(path=path, config=config, manifest=manifest, dense=dense, quantized=quantized,
+                      tokenizer_path=tok, files=files, size_bytes=size)
+
+
+def _check_finite(name: str, t: torch.Tensor, f: Path | None) -> None:
+    if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+        bad = int((~torch.isfinite(t)).sum())
+        where = f" in {f.name}" if f is not None else ""
+        raise CheckpointError(f"tensor '{name}'{where} has {bad} NaN/Inf value(s)")

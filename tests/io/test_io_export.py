@@ -1,0 +1,113 @@
+"""Export: files, manifest, sharding, tokenizer/recipe, atomic replace, interruption."""
+import json
+
+import pytest
+import torch
+
+import compress.io.export as export_mod
+from compress.io.checkpoint import load_checkpoint
+from compress.io.export import ExportError, export_checkpoint, sha256_file
+from compress.io.formats import FORMAT_NAME, FORMAT_VERSION
+from io_helpers import all_linears, int4_rtn, split_model
+
+
+def _leftovers(parent, name):
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith(f".{name}."))
+
+
+def _tokenizer_dir(tmp_path):
+    d = tmp_path / "tok"
+    d.mkdir()
+    (d / "tokenizer.json").write_text('{"version": "1.0"}')
+    (d / "tokenizer_config.json").write_text("{}")
+    return d
+
+
+def test_manifest_and_files(tmp_path, tiny_llama):
+    cfg, sd = tiny_llama
+    dense, q = split_model(sd, {m: int4_rtn for m in all_linears()[:3]})
+    out = export_checkpoint(tmp_path / "m", cfg, dense, q, tokenizer=_tokenizer_dir(tmp_path),
+                            recipe_text="steps:\n  - method: rtn\n", extra_manifest={"stage": "int4"},
+                            generation_config={"max_new_tokens": 8})
+    names = {p.name for p in out.iterdir()}
+    assert names == {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+                     "tokenizer_config.json", "recipe.yaml", "compress_manifest.json"}
+    man = json.loads((out / "compress_manifest.json").read_text())
+    assert man["format"] == FORMAT_NAME and man["format_version"] == FORMAT_VERSION
+    assert man["tool_version"] and man["extra"] == {"stage": "int4"}
+    assert set(man["files"]) == names - {"compress_manifest.json"}
+    for name, info in man["files"].items():
+        assert info["sha256"] == sha256_file(out / name) and info["size"] == (out / name).stat().st_size
+    layer = man["layers"]["model.layers.0.self_attn.q_proj"]
+    assert layer["scheme"] == "w4a16" and layer["meta"]["group_size"] == 128
+    assert "weight_zero_point" in layer["tensors"]
+    ck = load_checkpoint(out)
+    assert ck.tokenizer_path == out and ck.manifest["extra"]["stage"] == "int4"
+    assert ck.size_bytes == (out / "model.safetensors").stat().st_size
+    assert all(f["status"] == "ok" for f in ck.files.values())
+
+
+def test_sharded_export_roundtrip(tmp_path, tiny_llama):
+    cfg, sd = tiny_llama
+    dense, q = split_model(sd, {m: int4_rtn for m in all_linears()})
+    out = export_checkpoint(tmp_path / "s", cfg, dense, q, max_shard_bytes=300_000)
+    shards = sorted(out.glob("model-*.safetensors"))
+    assert len(shards) > 2 and (out / "model.safetensors.index.json").is_file()
+    ck = load_checkpoint(out)
+    assert set(ck.quantized) == set(q) and set(ck.dense) == set(dense)
+
+
+def test_interrupted_export_leaves_nothing(tmp_path, tiny_llama, monkeypatch):
+    cfg, sd = tiny_llama
+
+    def boom(tensors, path):
+        path.write_bytes(b"partial")
+        raise OSError("disk full (simulated)")
+    monkeypatch.setattr(export_mod, "_write_safetensors", boom)
+    with pytest.raises(OSError, match="simulated"):
+        export_checkpoint(tmp_path / "x", cfg, sd, {}, recipe_text="r")
+    assert not (tmp_path / "x").exists()
+    assert _leftovers(tmp_path, "x") == []
+
+
+def test_interrupted_replace_keeps_previous_export(tmp_path, tiny_llama, monkeypatch):
+    cfg, sd = tiny_llama
+    out = export_checkpoint(tmp_path / "x", cfg, sd, {}, recipe_text="first\n")
+    before = {p.name: sha256_file(p) for p in out.iterdir()}
+
+    def boom(*a, **k):
+        raise RuntimeError("tokenizer failed (simulated)")
+    monkeypatch.setattr(export_mod, "_save_tokenizer", boom)
+    with pytest.raises(RuntimeError, match="simulated"):
+        export_checkpoint(tmp_path / "x", cfg, sd, {}, recipe_text="second\n", tokenizer=object())
+    assert {p.name: sha256_file(p) for p in out.iterdir()} == before
+    assert _leftovers(tmp_path, "x") == []
+    load_checkpoint(out)
+
+
+def test_replace_existing_export(tmp_path, tiny_llama):
+    cfg, sd = tiny_llama
+    export_checkpoint(tmp_path / "x", cfg, sd, {}, recipe_text="first\n")
+    dense, q = split_model(sd, {m: int4_rtn for m in all_linears()})
+    out = export_checkpoint(tmp_path / "x", cfg, dense, q, recipe_text="second\n")
+    assert (out / "recipe.yaml").read_text() == "second\n"
+    assert len(load_checkpoint(out).quantized) == len(q)
+    assert _leftovers(tmp_path, "x") == []
+
+
+def test_refuses_to_replace_foreign_directory(tmp_path, tiny_llama):
+    cfg, sd = tiny_llama
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "notes.txt").write_text("precious")
+    with pytest.raises(ExportError, match="not a compress export"):
+        export_checkpoint(tmp_path / "home", cfg, sd, {})
+    assert (tmp_path / "home" / "notes.txt").read_text() == "precious"
+
+
+def test_bad_export_inputs(tmp_path, tiny_llama):
+    cfg, sd = tiny_llama
+    dense, q = split_model(sd, {"model.layers.0.mlp.up_proj": int4_rtn})
+    dense["model.layers.0.mlp.up_proj.weight"] = torch.zeros(1)
+    with pytest.raises(ExportError, match="both quantized and present as dense"):
+        export_checkpoint(tmp_path / "y", cfg, dense, q)
+    assert not (tmp_path / "y").exists()
