@@ -5,6 +5,8 @@ from __future__ import annotations
 from compress.architectures import UnsupportedArchitectureError
 from compress.calibration import CalibrationError
 from compress.config import ConfigError
+from compress.io.checkpoint import CheckpointError
+from compress.io.export import ExportError
 from compress.model_loading import ModelLoadError
 
 
@@ -12,6 +14,7 @@ class StepError(ValueError):
     """A recipe step failed on bad input (a layer, a shape, a value); names the step."""
 
 USER_ERRORS: tuple[type[BaseException], ...] = (
-    ConfigError, CalibrationError, ModelLoadError, UnsupportedArchitectureError, StepError, FileNotFoundError,
+    ConfigError, CalibrationError, ModelLoadError, UnsupportedArchitectureError, StepError,
+    CheckpointError, ExportError, FileNotFoundError,
 )
 

@@ -8,31 +8,13 @@ from pathlib import Path
 import torch
 
 from compress.architectures import ArchSpec, get_arch
+from compress.io.checkpoint import resolve_model_path
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class ModelLoadError(ValueError):
     pass
-
-
-def resolve_model_dir(name_or_path: str, revision: str | None = None) -> Path:
-    """A local directory as is; otherwise a hub id fetched (safetensors + json only)."""
-    p = Path(name_or_path).expanduser()
-    if p.is_dir():
-        return p.resolve()
-    looks_like_hub_id = (name_or_path.count("/") == 1 and not name_or_path.startswith((".", "/", "~"))
-                         and not p.suffix)
-    if not looks_like_hub_id:
-        raise ModelLoadError(f"model directory not found: {name_or_path}")
-    try:
-        from huggingface_hub import snapshot_download
-        local = snapshot_download(name_or_path, revision=revision,
-                                  allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"])
-    except Exception as exc:  # offline, unknown id, gated ...
-        raise ModelLoadError(f"model {name_or_path!r} is not a local directory and could not be fetched "
-                             f"from the Hugging Face hub: {type(exc).__name__}: {exc}") from None
-    return Path(local)
 
 
 def read_arch(model_dir: Path) -> ArchSpec:
@@ -46,12 +28,11 @@ def read_arch(model_dir: Path) -> ArchSpec:
     return get_arch(cfg.get("model_type", "<missing model_type>"), where=str(cfg_path))
 
 
-def load_model_for_compression(name_or_path: str, dtype: str = "float32", trust_remote_code: bool = False,
-                               revision: str | None = None):
+def load_model_for_compression(name_or_path: str, dtype: str = "float32", trust_remote_code: bool = False):
     """Returns (model, tokenizer, arch, model_dir). The model is in eval mode on the CPU."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model_dir = resolve_model_dir(name_or_path, revision)
+    model_dir = resolve_model_path(name_or_path)
     arch = read_arch(model_dir)
     if not any(model_dir.glob("*.safetensors")):
         raise ModelLoadError(f"{model_dir}: no .safetensors weights (compress never unpickles .bin files; "

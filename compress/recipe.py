@@ -25,7 +25,6 @@ class ModelConfig:
     path: str
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     trust_remote_code: bool = False
-    revision: str | None = None
 
 
 @dataclass

@@ -1,0 +1,71 @@
+"""compress_stages end to end on a tiny model: stages, chaining, export, errors."""
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from transformers import AutoModelForCausalLM
+
+from compress.errors import StepError
+from compress.io.checkpoint import load_checkpoint
+from compress.pipeline import compress_stages
+from compress.recipe import load_recipe
+from compress.state import dequantize
+
+
+def recipe_file(tmp_path: Path, model_dir: Path, stages, **extra) -> Path:
+    (tmp_path / "calib.txt").write_text("Return the sum of the values in the list. " * 200)
+    doc = {"name": "t", "model": {"path": str(model_dir)},
+           "calibration": {"files": ["calib.txt"], "samples": 4, "seq_len": 32},
+           "stages": stages, "export": {"output": "out"}, **extra}
+    p = tmp_path / "recipe.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+def test_rtn_stages_export_and_reload(tmp_path, tiny_llama_dir):
+    stages = [{"name": "int8", "steps": [{"method": "rtn", "bits": 8}]},
+              {"name": "int4", "steps": [{"method": "rtn", "bits": 4, "group_size": 64}]},
+              {"name": "int4-then", "from": "int4", "steps": [{"method": "rtn", "bits": 8, "targets": ["*lm_head"]}]}]
+    recipe = load_recipe(recipe_file(tmp_path, tiny_llama_dir, stages))
+    base_dir, results = compress_stages(recipe, tmp_path / "out", progress=False, log=lambda *_: None)
+    assert [r.name for r in results] == ["int8", "int4", "int4-then"]
+    base = AutoModelForCausalLM.from_pretrained(base_dir)
+    n_block_linears = 7 * base.config.num_hidden_layers
+
+    int8 = load_checkpoint(tmp_path / "out" / "int8")
+    assert {q.scheme for q in int8.quantized.values()} == {"w8a8"} and len(int8.quantized) == n_block_linears
+    int4 = load_checkpoint(tmp_path / "out" / "int4")
+    assert {q.scheme for q in int4.quantized.values()} == {"w4a16"}
+    assert all(q.meta["group_size"] == 64 for q in int4.quantized.values())
+    chained = load_checkpoint(tmp_path / "out" / "int4-then")
+    assert chained.quantized["lm_head"].scheme == "w8a8"
+    assert chained.quantized["model.layers.0.mlp.down_proj"].scheme == "w4a16"
+    # the chained stage starts from int4's weights, not the base's
+    for name in ("model.layers.1.self_attn.q_proj",):
+        torch.testing.assert_close(dequantize(chained.quantized[name]), dequantize(int4.quantized[name]))
+    # the export's weights are the quantized base, and the resolved recipe travels with it
+    w = base.get_submodule("model.layers.0.mlp.up_proj").weight
+    err = (dequantize(int8.quantized["model.layers.0.mlp.up_proj"]) - w).abs().max()
+    assert 0 < err <= w.abs().max() / 127
+    saved = yaml.safe_load((tmp_path / "out" / "int8" / "recipe.yaml").read_text())
+    assert saved["stages"][0]["steps"][0]["bits"] == 8
+
+
+def test_group_size_not_dividing_names_step_and_layer(tmp_path, tiny_llama_dir):
+    stages = [{"name": "bad", "steps": [{"method": "rtn", "bits": 4, "group_size": 96}]}]
+    recipe = load_recipe(recipe_file(tmp_path, tiny_llama_dir, stages))
+    with pytest.raises(StepError) as err:
+        compress_stages(recipe, tmp_path / "out", progress=False, log=lambda *_: None)
+    msg = str(err.value)
+    assert "stage 'bad' step 1 (rtn)" in msg and "in_features 128" in msg and "group_size 96" in msg
+    assert not (tmp_path / "out" / "bad").exists()
+
+
+def test_target_matching_nothing_is_a_config_error(tmp_path, tiny_llama_dir):
+    from compress.config import ConfigError
+
+    stages = [{"name": "x", "steps": [{"method": "rtn", "bits": 8, "targets": ["*qproj"]}]}]
+    recipe = load_recipe(recipe_file(tmp_path, tiny_llama_dir, stages))
+    with pytest.raises(ConfigError, match=r"step 1 \(rtn\).targets: pattern '\*qproj' matches no linear"):
+        compress_stages(recipe, tmp_path / "out", progress=False, log=lambda *_: None)
