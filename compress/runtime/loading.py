@@ -1,10 +1,10 @@
-"""What the runtime needs from a checkpoint directory, behind one function.
+"""What the runtime needs from a checkpoint, behind one function.
 
-``open_checkpoint(path)`` returns an object with ``config`` (HF config), ``dense``
-(name -> tensor), ``quantized`` (module path -> QuantizedWeight), ``manifest`` and
-``tokenizer_path``: the interface of ``compress.io.checkpoint.load_checkpoint``.
-The real loader is used when it is installed; ``_load_hf_directory`` (plain HF
-safetensors directories only) is the stand-in until then.
+``open_checkpoint(path)`` returns ``compress.io.checkpoint.Checkpoint``: ``config``
+(HF config), ``dense`` (name -> tensor), ``quantized`` (module path ->
+QuantizedWeight), ``manifest``, ``tokenizer_path``. The architecture is checked
+against ``compress.architectures`` before any weights are read.
+``RuntimeCheckpoint`` is the same interface for checkpoints built in memory.
 """
 from __future__ import annotations
 
@@ -14,58 +14,31 @@ from pathlib import Path
 
 import torch
 
-
-class CheckpointNotFoundError(FileNotFoundError):
-    pass
+from compress.architectures import get_arch
+from compress.io.checkpoint import CheckpointError, load_checkpoint, resolve_model_path
 
 
 @dataclass
 class RuntimeCheckpoint:
-    """Duck-type of ``compress.io.checkpoint.Checkpoint`` (what the runtime reads)."""
+    """An in-memory checkpoint (what ``LLM.from_checkpoint`` reads)."""
     config: object
     dense: dict[str, torch.Tensor]
     quantized: dict = field(default_factory=dict)
     manifest: dict | None = None
     tokenizer_path: str | None = None
+    path: Path | None = None
 
 
-def open_checkpoint(path) -> RuntimeCheckpoint:
-    p = Path(path)
-    if not p.is_dir():
-        raise CheckpointNotFoundError(f"no checkpoint directory at {str(path)!r}")
-    if not (p / "config.json").is_file():
-        raise CheckpointNotFoundError(f"{str(path)!r} has no config.json; not a model checkpoint")
-    _check_model_type(p)
+def open_checkpoint(path, verify: bool = True):
+    """Load a checkpoint directory (compress export, compressed-tensors or plain HF
+    safetensors; a hub id when online). Errors name the path and what is wrong."""
+    directory = resolve_model_path(path)
+    config_file = directory / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(f"{directory}: no config.json (not a Hugging Face model directory)")
     try:
-        from compress.io.checkpoint import load_checkpoint
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("compress.io.checkpoint",):
-            raise
-        load_checkpoint = _load_hf_directory
-    return load_checkpoint(p)
-
-
-def _check_model_type(p: Path) -> None:
-    """Refuse an unsupported architecture before any weights are read."""
-    from compress.architectures import get_arch
-    try:
-        model_type = json.loads((p / "config.json").read_text()).get("model_type")
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read {p / 'config.json'}: {exc}") from exc
-    get_arch(model_type, where=str(p / "config.json"))
-
-
-def _load_hf_directory(p: Path) -> RuntimeCheckpoint:
-    from safetensors.torch import load_file
-    from transformers import AutoConfig
-
-    files = sorted(p.glob("*.safetensors"))
-    if not files:
-        raise CheckpointNotFoundError(f"{str(p)!r} holds no .safetensors weights")
-    dense: dict[str, torch.Tensor] = {}
-    for f in files:
-        dense.update(load_file(str(f)))
-    tok = p if any((p / n).exists() for n in ("tokenizer.json", "tokenizer_config.json",
-                                              "tokenizer.model")) else None
-    return RuntimeCheckpoint(AutoConfig.from_pretrained(str(p)), dense, {}, None,
-                             None if tok is None else str(tok))
+        model_type = json.loads(config_file.read_text(encoding="utf-8")).get("model_type")
+    except ValueError as exc:
+        raise CheckpointError(f"{config_file}: invalid JSON ({exc})") from None
+    get_arch(model_type, where=str(config_file))
+    return load_checkpoint(directory, verify=verify)

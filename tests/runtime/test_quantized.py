@@ -1,0 +1,120 @@
+"""Packed layers (w4a16, w8a8, llm_int8) in the runtime against the dequantized dense
+model. Weights are quantized here by plain round-to-nearest, independent of the
+quantizers package."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from compress.architectures import get_arch
+from compress.io.schemes import QuantizedWeight
+from compress.ops import native_available
+from compress.ops.reference import dequantize_int4, pack_int4
+from compress.runtime import LLM, SamplingParams
+from compress.runtime.layers import Int4Linear, Int8Linear, Int8OutlierLinear
+from compress.runtime.loading import RuntimeCheckpoint
+
+from runtime_models import hf_model, tiny_config
+
+GROUP = 32
+
+
+def rtn_int4(w: torch.Tensor, group: int = GROUP) -> tuple[QuantizedWeight, torch.Tensor]:
+    n, k = w.shape
+    g = w.float().view(n, k // group, group)
+    lo, hi = g.amin(-1).clamp(max=0), g.amax(-1).clamp(min=0)
+    scale = ((hi - lo) / 15).clamp_min(1e-8)
+    zero = (-lo / scale).round().clamp(0, 15)
+    u = ((g / scale.unsqueeze(-1)).round() + zero.unsqueeze(-1)).clamp(0, 15).to(torch.uint8).view(n, k)
+    qw = QuantizedWeight("w4a16", {"qweight": pack_int4(u), "scales": scale, "zeros": zero.to(torch.uint8)},
+                         {"group_size": group, "in_features": k})
+    return qw, dequantize_int4(qw.tensors["qweight"], scale, qw.tensors["zeros"], group)
+
+
+def rtn_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scale = w.float().abs().amax(1).clamp_min(1e-8) / 127
+    return (w.float() / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
+
+
+def quantize(w: torch.Tensor, scheme: str) -> tuple[QuantizedWeight, torch.Tensor]:
+    """(packed weight, the dense weight it stands for)."""
+    if scheme == "w4a16":
+        return rtn_int4(w)
+    if scheme == "w8a8":
+        q, s = rtn_int8(w)
+        return QuantizedWeight("w8a8", {"qweight": q, "weight_scale": s}), q.float() * s[:, None]
+    idx = torch.tensor([3, 17])
+    rest = w.clone()
+    rest[:, idx] = 0
+    q, s = rtn_int8(rest)
+    dense = q.float() * s[:, None]
+    dense[:, idx] = w[:, idx]
+    return QuantizedWeight("llm_int8", {"qweight": q, "weight_scale": s, "outlier_idx": idx,
+                                        "outlier_weight": w[:, idx].clone()}, {"threshold": 6.0}), dense
+
+
+def quantized_pair(family: str, scheme: str, vocab: int):
+    """(checkpoint with every block linear packed, HF model holding the dequantized weights)."""
+    config = tiny_config(family, vocab)
+    model = hf_model(config)
+    arch = get_arch(config.model_type)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    quantized = {}
+    for i in range(config.num_hidden_layers):
+        for name in arch.block_linears:
+            path = f"{arch.block_prefix(i)}.{name}"
+            qw, deq = quantize(state.pop(path + ".weight"), scheme)
+            quantized[path] = qw
+            model.get_submodule(path).weight.data.copy_(deq)
+    return RuntimeCheckpoint(config, state, quantized), model
+
+
+def snr_db(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float(10 * torch.log10(ref.pow(2).mean() / (x - ref).pow(2).mean()))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("scheme", ["w4a16", "w8a8", "llm_int8"])
+def test_quantized_logits_match_dequantized_reference(tokenizer, family, scheme):
+    ckpt, ref = quantized_pair(family, scheme, len(tokenizer))
+    ids = torch.randint(2, len(tokenizer), (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = ref(ids).logits
+    llm = LLM.from_checkpoint(ckpt, tokenizer, kernels="reference")
+    layer_cls = {"w4a16": Int4Linear, "w8a8": Int8Linear, "llm_int8": Int8OutlierLinear}[scheme]
+    assert isinstance(llm.model.layers[0].mlp.down_proj, layer_cls)
+    got = llm.logits(ids)
+    if scheme == "w4a16":   # weight-only: exact up to float rounding
+        torch.testing.assert_close(got, expected, atol=2e-4, rtol=1e-4)
+    else:                   # int8 activations add their own (small) error
+        assert snr_db(got, expected) > 25
+    if native_available("cpu"):
+        native = LLM.from_checkpoint(ckpt, tokenizer, kernels="native").logits(ids)
+        assert snr_db(native, got) > 40
+
+
+def test_quantized_generation_uses_cache_consistently(tokenizer):
+    ckpt, _ = quantized_pair("llama", "w4a16", len(tokenizer))
+    llm = LLM.from_checkpoint(ckpt, tokenizer, kernels="reference")
+    out = llm.generate(["Hello world", "def"], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    for o in out:
+        ids = list(o.prompt_token_ids)
+        for tok in o.token_ids:
+            assert int(llm.logits(torch.tensor([ids]))[0, -1].argmax()) == tok
+            ids.append(tok)
+
+
+@pytest.mark.parametrize("scheme", ["w4a16", "w8a8", "llm_int8"])
+def test_exported_checkpoint_runs_like_in_memory(tmp_path, tokenizer, scheme):
+    """export_checkpoint -> LLM(path): the on-disk round trip changes nothing."""
+    from compress.io.export import export_checkpoint
+    ckpt, _ = quantized_pair("llama", scheme, len(tokenizer))
+    out = export_checkpoint(tmp_path / scheme, ckpt.config, ckpt.dense, ckpt.quantized, tokenizer=tokenizer)
+    ids = torch.randint(2, len(tokenizer), (2, 16), generator=torch.Generator().manual_seed(0))
+    loaded = LLM(out, kernels="reference")
+    assert loaded.manifest is not None
+    assert type(loaded.model.layers[1].attn.q_proj) is type(
+        LLM.from_checkpoint(ckpt, tokenizer).model.layers[1].attn.q_proj)
+    torch.testing.assert_close(loaded.logits(ids), LLM.from_checkpoint(ckpt, tokenizer, kernels="reference").logits(ids),
+                               atol=1e-5, rtol=1e-5)
+    assert loaded.generate("Hello", SamplingParams(max_tokens=3, temperature=0))[0].token_ids
