@@ -8,6 +8,7 @@ figures in the report are those of the files a user ships.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 import time
 from dataclasses import dataclass, field
@@ -101,17 +102,33 @@ def run_recipe(recipe: Recipe, output: Path | None = None, evaluate: bool = True
                progress: bool = True, threads: int | None = None, log=print) -> dict:
     """The whole job; returns the report records (also written to ``output``)."""
     output = Path(output or recipe.resolve(recipe.export.output))
-    output.mkdir(parents=True, exist_ok=True)
     if threads or recipe.eval.threads:
         torch.set_num_threads(threads or recipe.eval.threads)
     base_dir, results = compress_stages(recipe, output, progress, log)
     if not evaluate:
         return {"stages": [r.__dict__ for r in results]}
-    from evals.evaluate import evaluate_stages
-    from evals.report import write_report
+    from evals.report import machine_info, write_report
 
-    stages = [("base", str(base_dir))] + [(r.name, r.path) for r in results]
-    records = evaluate_stages(stages, recipe.eval, base_dir=recipe.path.parent, progress=progress, log=log)
+    records = evaluate_stages(recipe, [("base", str(base_dir))] + [(r.name, r.path) for r in results],
+                              progress, log)
     write_report(records, output, title=f"compress report: {recipe.name}",
-                 meta={"recipe": str(recipe.path), "threads": torch.get_num_threads(), "seed": recipe.seed})
+                 machine={**machine_info(torch.get_num_threads()), "recipe": str(recipe.path), "seed": recipe.seed})
     return {"stages": records, "report": str(output / "report.md")}
+
+
+def evaluate_stages(recipe: Recipe, stages: list[tuple[str, str]], progress: bool = True, log=print) -> list[dict]:
+    """One record per (name, checkpoint dir); the first is the base and the KL reference."""
+    from evals.evaluate import evaluate_checkpoint
+
+    cfg = dataclasses.replace(recipe.eval, progress=progress)
+    for key in ("perplexity", "kl"):
+        section = getattr(cfg, key)
+        if section is not None:
+            setattr(cfg, key, dataclasses.replace(section, file=recipe.resolve(section.file)))
+    kl_cache: dict = {}
+    records = []
+    for name, path in stages:
+        log(f"[eval] {name}: {path}")
+        seed_everything(recipe.seed)
+        records.append(evaluate_checkpoint(path, cfg, kl_cache, name=name))
+    return records

@@ -6,7 +6,6 @@ Relative paths in a recipe are resolved against the recipe file's directory.
 """
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ import yaml
 
 from compress.config import ConfigError, check, from_dict, to_dict
 from compress.registry import get_method
+from evals.evaluate import EvalConfig
 
 STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -39,41 +39,6 @@ class CalibrationConfig:
     def validate(self) -> None:
         check(self.samples > 0, "samples", f"must be > 0, got {self.samples}")
         check(self.seq_len > 1, "seq_len", f"must be > 1, got {self.seq_len}")
-
-
-@dataclass
-class PerplexityConfig:
-    file: str
-    seq_len: int = 256
-    stride: int = 256
-    max_tokens: int | None = None
-
-
-@dataclass
-class KLConfig:
-    file: str
-    windows: int = 16
-    seq_len: int = 256
-
-
-@dataclass
-class SpeedConfig:
-    prompt_len: int = 64
-    new_tokens: int = 32
-    repeats: int = 3
-    batch_size: int = 1
-
-
-@dataclass
-class EvalConfig:
-    perplexity: PerplexityConfig | None = None
-    kl: KLConfig | None = None
-    tasks: list[str] = field(default_factory=list)
-    task_limit: int | None = None
-    speed: SpeedConfig | None = dataclasses.field(default_factory=SpeedConfig)
-    threads: int | None = None
-    kernels: Literal["native", "reference"] = "native"
-    batch_size: int = 8
 
 
 @dataclass

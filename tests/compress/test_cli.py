@@ -1,0 +1,77 @@
+"""The command line end to end on a tiny model: run (with report), inspect, generate, eval, errors."""
+import json
+
+import pytest
+import yaml
+
+from compress.cli import main
+
+TEXT = "Return a new list containing all items from the iterable in ascending order. " * 60
+
+
+@pytest.fixture()
+def recipe(tmp_path, tiny_llama_dir):
+    (tmp_path / "calib.txt").write_text(TEXT)
+    (tmp_path / "eval.txt").write_text(TEXT[::-1])
+    doc = {"name": "tiny", "model": {"path": str(tiny_llama_dir)},
+           "calibration": {"files": ["calib.txt"], "samples": 4, "seq_len": 32},
+           "stages": [{"name": "rtn-int8", "steps": [{"method": "rtn", "bits": 8}]},
+                      {"name": "rtn-int4", "steps": [{"method": "rtn", "bits": 4, "group_size": 128}]}],
+           "export": {"output": "out"},
+           "eval": {"perplexity": {"file": "eval.txt", "seq_len": 64, "stride": 32},
+                    "kl": {"file": "eval.txt", "windows": 2, "seq_len": 64},
+                    "tasks": ["pydoc_cloze"], "task_limit": 4,
+                    "speed": {"prompt_len": 8, "new_tokens": 4, "repeats": 1, "warmup": 0}}}
+    p = tmp_path / "recipe.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+@pytest.mark.slow
+def test_run_writes_report_with_every_stage_and_is_reproducible(recipe, tmp_path, capsys):
+    out = tmp_path / "o1"
+    assert main(["run", str(recipe), "--output", str(out), "--quiet"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    stages = report["stages"]
+    assert [s["name"] for s in stages] == ["base", "rtn-int8", "rtn-int4"]
+    for s in stages:
+        for key in ("size_bytes", "bits_per_weight", "perplexity", "kl_to_base", "tasks",
+                    "prefill_tok_s", "decode_tok_s", "path"):
+            assert key in s, key
+        assert s["perplexity"] > 1 and s["decode_tok_s"] > 0
+        assert "pydoc_cloze" in s["tasks"]
+    base, int8, int4 = stages
+    assert base["kl_to_base"] == 0 and int8["kl_to_base"] > 0 and int4["kl_to_base"] > int8["kl_to_base"]
+    assert base["bits_per_weight"] == 32 and 8 < int8["bits_per_weight"] < 8.5 and 4 < int4["bits_per_weight"] < 4.6
+    assert int4["size_bytes"] < int8["size_bytes"] < base["size_bytes"]
+    md = (out / "report.md").read_text()
+    assert "rtn-int4" in md and "rtn-int8" in md
+    assert (out / "rtn-int4" / "recipe.yaml").is_file()
+
+    # same recipe again: same figures, speeds aside
+    out2 = tmp_path / "o2"
+    assert main(["run", str(recipe), "--output", str(out2), "--quiet"]) == 0
+    again = json.loads((out2 / "report.json").read_text())["stages"]
+    for a, b in zip(stages, again):
+        assert a["perplexity"] == b["perplexity"] and a["kl_to_base"] == b["kl_to_base"] and a["tasks"] == b["tasks"]
+
+    capsys.readouterr()
+    assert main(["inspect", str(out / "rtn-int4")]) == 0
+    text = capsys.readouterr().out
+    assert "w4a16" in text and "model.layers.0.self_attn.q_proj" in text
+
+    assert main(["generate", str(out / "rtn-int4"), "--prompt", "Return a", "--max-tokens", "5"]) == 0
+    assert capsys.readouterr().out.startswith("Return a")
+
+
+def test_dry_run_and_errors(recipe, tmp_path, capsys):
+    assert main(["run", str(recipe), "--dry-run"]) == 0
+    assert "2 stage(s)" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"model": {"path": str(tmp_path / "missing")}, "steps": [{"method": "rtn"}]}))
+    assert main(["run", str(bad), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "error" in err and "missing" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+    assert main(["inspect", str(tmp_path / "nothing")]) == 2
+    assert "nothing" in capsys.readouterr().err
