@@ -31,6 +31,7 @@ class ReferenceSamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
 
 
 @dataclass
@@ -61,11 +62,14 @@ def load_llm(path: str | Path, dtype: str = "float32", kernels: str = "native",
 
 
 def sampling_params(llm, **kwargs):
-    """A ``SamplingParams`` of the kind ``llm.generate`` expects."""
+    """A ``SamplingParams`` of the kind ``llm.generate`` expects (fields it lacks are dropped)."""
+    import inspect
     if isinstance(llm, TransformersLLM):
-        return ReferenceSamplingParams(**kwargs)
-    from compress.runtime import SamplingParams
-    return SamplingParams(**kwargs)
+        cls = ReferenceSamplingParams
+    else:
+        from compress.runtime import SamplingParams as cls
+    accepted = inspect.signature(cls).parameters
+    return cls(**{k: v for k, v in kwargs.items() if k in accepted})
 
 
 @torch.no_grad()
@@ -146,7 +150,7 @@ class TransformersLLM:
             past = res.past_key_values
             nxt = _sample(res.logits[0, -1].float(), params, gen)
             out.append(nxt)
-            if nxt == eos:
+            if nxt == eos and not params.ignore_eos:
                 break
             text = self.tokenizer.decode(out, skip_special_tokens=True)
             if any(s and s in text for s in params.stop):

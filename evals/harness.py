@@ -11,7 +11,7 @@ def flatten_results(results: dict) -> dict[str, dict[str, float]]:
     for task, metrics in results["results"].items():
         row = {}
         for key, value in metrics.items():
-            if key == "alias" or not isinstance(value, (int, float)):
+            if key in ("alias", "sample_len") or not isinstance(value, (int, float)):
                 continue
             metric, _, filt = key.partition(",")
             row[metric if filt in ("", "none") else key] = float(value)
@@ -33,7 +33,7 @@ def run_lm_eval(path: str | Path, tasks: list[str] | str, limit: int | float | N
     from lm_eval.tasks import TaskManager
 
     import evals.lm_eval_adapter  # noqa: F401  registers "compress"
-    from evals.tasks import task_dir
+    from evals.tasks import TASKS, task_dir
 
     if isinstance(tasks, str):
         tasks = [t for t in tasks.split(",") if t]
@@ -49,7 +49,9 @@ def run_lm_eval(path: str | Path, tasks: list[str] | str, limit: int | float | N
     results = lm_eval.simple_evaluate(
         model=lm, model_args=model_args, tasks=list(tasks), limit=limit,
         batch_size=batch_size, device="cpu", num_fewshot=num_fewshot,
-        task_manager=TaskManager(include_path=str(task_dir())),
+        # indexing lm-eval's ~14k built-in task files takes a minute: skip it when only ours run
+        task_manager=TaskManager(include_path=str(task_dir()),
+                                 include_defaults=not set(tasks) <= set(TASKS)),
         random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
         fewshot_random_seed=seed, log_samples=False)
     return results if raw else flatten_results(results)

@@ -1,9 +1,9 @@
 """Perplexity of a text file with rolling (sliding) windows.
 
 The text is one token stream (BOS first when the tokenizer adds one). Windows of
-``seq_len`` tokens start every ``stride`` tokens; each window scores only the tokens that
-no earlier window scored, so every token after the first is predicted exactly once, with
-``seq_len - stride`` tokens (or more) of context once the first window is past.
+``seq_len`` tokens advance ``stride`` tokens at a time; each window scores only the tokens
+that no earlier window scored, so every token after the first is predicted exactly once,
+with ``seq_len - stride`` tokens (or more) of context once the first window is past.
 """
 
 from __future__ import annotations
@@ -35,17 +35,24 @@ class PerplexityResult:
 
 
 def rolling_windows(n_tokens: int, seq_len: int, stride: int) -> list[tuple[int, int, int]]:
-    """``(begin, end, n_scored)`` per window; the windows score tokens 1..n_tokens-1 once each."""
+    """``(begin, end, n_scored)`` per window; together they score tokens 1..n_tokens-1 once.
+
+    The first window is ``[0, seq_len)``; each later one ends ``min(stride, seq_len - 1)``
+    tokens further and starts ``seq_len`` tokens before its end, scoring its last
+    ``n_scored`` tokens (every scored token has at least ``seq_len - stride`` tokens of
+    context, and at least one).
+    """
     if seq_len < 2 or not 1 <= stride <= seq_len:
         raise ValueError(f"need seq_len >= 2 and 1 <= stride <= seq_len (got {seq_len}, {stride})")
-    out, scored_to = [], 1  # token 0 has no prediction
-    for begin in range(0, max(n_tokens - 1, 0), stride):
-        end = min(begin + seq_len, n_tokens)
-        if end > scored_to:
-            out.append((begin, end, end - scored_to))
-            scored_to = end
-        if end == n_tokens:
-            break
+    if n_tokens < 2:
+        return []
+    end = min(seq_len, n_tokens)
+    out = [(0, end, end - 1)]
+    step = min(stride, seq_len - 1)
+    while end < n_tokens:
+        new_end = min(end + step, n_tokens)
+        out.append((max(0, new_end - seq_len), new_end, new_end - end))
+        end = new_end
     return out
 
 

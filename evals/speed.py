@@ -38,33 +38,38 @@ def fixed_prompt(vocab_size: int, prompt_len: int, bos_id: int | None, seed: int
     return ids
 
 
-def _timed_generate(llm, prompt: list[int], max_tokens: int) -> tuple[float, int]:
-    params = sampling_params(llm, max_tokens=max_tokens, temperature=0.0, seed=0)
+def _timed_generate(llm, prompt: list[int], max_tokens: int) -> tuple[float, int, dict]:
+    params = sampling_params(llm, max_tokens=max_tokens, temperature=0.0, seed=0,
+                             ignore_eos=True)
     t0 = time.perf_counter()
     out = llm.generate([prompt], params)[0]
-    return time.perf_counter() - t0, len(out.token_ids)
+    return time.perf_counter() - t0, len(out.token_ids), dict(getattr(out, "metrics", None) or {})
 
 
 @torch.no_grad()
 def measure_speed(llm, prompt_len: int = 128, new_tokens: int = 64, repeats: int = 3,
                   warmup: int = 1, prompt: list[int] | None = None) -> SpeedResult:
+    """Median prefill and decode tokens/s. Uses the runtime's own per-phase timings
+    (``RequestOutput.metrics``) when it reports them, else wall time of a 1-token
+    generation (prefill) against a ``new_tokens`` one, taken alternately."""
     tok = llm.tokenizer
     if prompt is None:
         prompt = fixed_prompt(len(tok), prompt_len, tok.bos_token_id)
     for _ in range(warmup):
-        _timed_generate(llm, prompt, 1)
         _timed_generate(llm, prompt, new_tokens)
-    prefill, total, counts = [], [], []
-    for _ in range(repeats):               # alternate A B A B so drift hits both alike
-        prefill.append(_timed_generate(llm, prompt, 1)[0])
-        t, n = _timed_generate(llm, prompt, new_tokens)
-        total.append(t)
+    prefill, decode, counts = [], [], []
+    for _ in range(repeats):
+        t, n, m = _timed_generate(llm, prompt, new_tokens)
         counts.append(n)
-    t_prefill = statistics.median(prefill)
-    n_dec = statistics.median(counts) - 1
-    t_dec = statistics.median(total) - t_prefill
+        if "prefill_s" in m and "decode_s" in m:
+            prefill.append(len(prompt) / m["prefill_s"])
+            steps = m.get("decode_steps", n - 1)
+            decode.append(steps / m["decode_s"] if steps and m["decode_s"] > 0 else float("nan"))
+        else:                               # A B A B: 1-token run, then the full run
+            t1 = _timed_generate(llm, prompt, 1)[0]
+            prefill.append(len(prompt) / t1)
+            decode.append((n - 1) / (t - t1) if n > 1 and t > t1 else float("nan"))
     return SpeedResult(
-        prefill_tok_s=len(prompt) / t_prefill,
-        decode_tok_s=n_dec / t_dec if n_dec > 0 and t_dec > 0 else float("nan"),
+        prefill_tok_s=statistics.median(prefill), decode_tok_s=statistics.median(decode),
         prompt_len=len(prompt), new_tokens=int(statistics.median(counts)),
         repeats=repeats, threads=torch.get_num_threads())
