@@ -37,13 +37,15 @@ if torch is not None:
                 "compress._cuda",
                 cuda_sources,
                 include_dirs=[os.path.abspath("csrc")],
+                # torch 2.13 headers need C++20 (bindings); the kernels build with either.
+                # sm_80 SASS also runs on sm_86/89; PTX of sm_90 JITs on newer GPUs.
                 extra_compile_args={
-                    "cxx": ["-O3", "-std=c++17"],
-                    "nvcc": ["-O3", "-std=c++17", "--expt-relaxed-constexpr",
+                    "cxx": ["-O3", "-std=c++20"],
+                    "nvcc": ["-O3", "-std=c++20", "--expt-relaxed-constexpr",
                              "-gencode=arch=compute_80,code=sm_80",
                              "-gencode=arch=compute_86,code=sm_86",
                              "-gencode=arch=compute_89,code=sm_89",
-                             "-gencode=arch=compute_90,code=sm_90"],
+                             "-gencode=arch=compute_90,code=[sm_90,compute_90]"],
                 },
             ))
     cmdclass = {"build_ext": BuildExtension.with_options(use_ninja=True)}

@@ -15,6 +15,11 @@
 #else
 #define CPK_HD inline
 #endif
+#if defined(__CUDA_ARCH__)
+#define CPK_UNROLL _Pragma("unroll")
+#else
+#define CPK_UNROLL
+#endif
 
 namespace cpk {
 

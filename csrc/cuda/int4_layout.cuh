@@ -158,7 +158,7 @@ CPK_HD void w4_dequant_f16(uint32_t q, uint32_t s0, uint32_t s1, uint32_t z0, ui
 
 CPK_HD void w4_dequant_bf16(uint32_t q, uint32_t s0, uint32_t s1, uint32_t z0, uint32_t z1, uint32_t b[4]) {
   const uint32_t m0 = w4_magic_zero_bf16(z0), m1 = w4_magic_zero_bf16(z1);
-#pragma unroll
+CPK_UNROLL
   for (int i = 0; i < 4; ++i) {
     const uint32_t v = lop3_and_or(q >> (4 * i), 0x000f000fu, 0x43004300u);
 #if defined(__CUDA_ARCH__)

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""GPU benchmark of the compress CUDA kernels against cuBLAS fp16 and the roofline.
+
+For each real shape (N x K: 4096x4096, 11008x4096, 4096x11008, 14336x4096) and batch
+M = 1..256 it times, with CUDA events, medians over interleaved repetitions (A B A B):
+  cublas_fp16   x @ W.t()                   (dense fp16 weights)
+  w4a16         w4a16_gemm_shuffled         (int4 g=128, shuffled once up front)
+  w8a8          w8a8_gemm                   (includes the activation-quant kernel)
+and prints time, achieved GB/s and TFLOP/s, speed-up over cuBLAS, and the roofline
+time max(bytes / bandwidth, flops / peak) of each kernel (defaults: H100 SXM,
+3.35 TB/s, 989 TFLOP/s fp16, 1979 TOP/s int8; override with --bw/--fp16/--int8).
+
+    python scripts/bench_cuda.py [--m 1 16 256] [--json out.json]
+
+Needs a CUDA GPU and compress._cuda; exits 0 with a message elsewhere.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+
+SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008), (14336, 4096)]
+BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+GROUP = 128
+
+
+def time_fns(fns: dict, reps: int, inner: int) -> dict[str, float]:
+    """Median milliseconds per call of each fn, repetitions interleaved."""
+    times = {k: [] for k in fns}
+    for fn in fns.values():  # warm up
+        fn()
+    torch.cuda.synchronize()
+    for _ in range(reps):
+        for name, fn in fns.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(inner):
+                fn()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) / inner)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--m", type=int, nargs="+", default=BATCHES)
+    ap.add_argument("--bw", type=float, default=3.35e12, help="memory bandwidth, bytes/s")
+    ap.add_argument("--fp16", type=float, default=989e12, help="dense fp16 tensor-core peak, FLOP/s")
+    ap.add_argument("--int8", type=float, default=1979e12, help="dense int8 tensor-core peak, OP/s")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--inner", type=int, default=20)
+    ap.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_cuda: no CUDA device; nothing to measure")
+        return 0
+    import compress.ops as ops
+    if not ops.native_available("cuda"):
+        print("bench_cuda: compress._cuda is not built; nothing to measure")
+        return 0
+    from compress.ops import reference as ref
+
+    C = torch.ops.compress
+    dt = getattr(torch, args.dtype)
+    dev = "cuda"
+    print(f"# {torch.cuda.get_device_name()}  roofline: {args.bw / 1e12:.2f} TB/s, "
+          f"{args.fp16 / 1e12:.0f} TFLOP/s fp16, {args.int8 / 1e12:.0f} TOP/s int8")
+    head = f"{'N x K':>12} {'M':>4} {'kernel':>12} {'us':>9} {'GB/s':>7} {'TFLOP/s':>8} {'vs cuBLAS':>9} {'roof us':>8} {'% roof':>6}"
+    print(head)
+    rows = []
+    for n, k in SHAPES:
+        g = torch.Generator(device="cpu").manual_seed(0)
+        u = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+        q4 = ref.pack_int4(u).to(dev)
+        s4 = (torch.rand(n, k // GROUP, generator=g) * 0.01).to(dt).to(dev)
+        z4 = torch.randint(0, 16, (n, k // GROUP), generator=g, dtype=torch.uint8).to(dev)
+        qs, st, zt = C.w4a16_shuffle_for_cuda(q4, s4, z4, GROUP)
+        w16 = ref.dequantize_int4(q4, s4, z4, GROUP, dt)
+        q8 = torch.randint(-127, 128, (n, k), device=dev, dtype=torch.int8)
+        s8 = torch.rand(n, device=dev) * 0.01
+        for m in args.m:
+            x = torch.randn(m, k, device=dev, dtype=dt)
+            fns = {
+                "cublas_fp16": lambda: x @ w16.t(),
+                "w4a16": lambda: C.w4a16_gemm_shuffled(x, qs, st, zt, GROUP, n),
+                "w8a8": lambda: C.w8a8_gemm(x, q8, s8),
+            }
+            ms = time_fns(fns, args.reps, args.inner)
+            flops = 2.0 * m * n * k
+            act = m * k * 2 + m * n * 2
+            bytes_ = {"cublas_fp16": n * k * 2 + act,
+                      "w4a16": n * k // 2 + (n * k // GROUP) * 3 + act,
+                      "w8a8": n * k + n * 4 + act + m * k * 3}
+            peak = {"cublas_fp16": args.fp16, "w4a16": args.fp16, "w8a8": args.int8}
+            for name, t in ms.items():
+                sec = t * 1e-3
+                roof = max(bytes_[name] / args.bw, flops / peak[name])
+                row = dict(n=n, k=k, m=m, kernel=name, us=sec * 1e6, gbps=bytes_[name] / sec / 1e9,
+                           tflops=flops / sec / 1e12, speedup=ms["cublas_fp16"] / t, roof_us=roof * 1e6,
+                           pct_roof=100 * roof / sec)
+                rows.append(row)
+                print(f"{n:>5} x {k:<5} {m:>4} {name:>12} {row['us']:>9.1f} {row['gbps']:>7.0f} {row['tflops']:>8.1f} "
+                      f"{row['speedup']:>8.2f}x {row['roof_us']:>8.1f} {row['pct_roof']:>5.0f}%")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,316 @@
+"""Host tests of the CUDA kernels' __host__ __device__ helpers (no GPU needed).
+
+csrc/cuda/tests/host_harness.cu is compiled by nvcc into a shared library (cached
+under build/cuda_host/<source hash>/) and driven through ctypes. Everything is checked
+against compress/ops/reference.py or, for the mma.sync / ldmatrix fragment layouts, the
+PTX ISA tables: the fragment helpers, the int4 shuffle, the lop3 magic-number
+dequantization (exhaustive over nibbles x zero points, fp16 and bf16), the per-token
+int8 quantization math, and emulations of the W4A16 and W8A8 tile loops that run the
+kernels' own helpers with ldmatrix / mma.sync emulated lane by lane.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from compress.ops import reference as ref
+
+REPO = Path(__file__).resolve().parents[2]
+CUDA_DIR = REPO / "csrc" / "cuda"
+HARNESS = CUDA_DIR / "tests" / "host_harness.cu"
+HEADERS = ("cpk_common.cuh", "int4_layout.cuh", "w4a16_tile.cuh", "w8a8_tile.cuh")
+
+
+def _nvcc() -> str | None:
+    for cand in (os.environ.get("NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if cand and Path(cand).exists():
+            return cand
+    return None
+
+
+def _build() -> Path:
+    nvcc = _nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found (set NVCC or install the CUDA toolkit): CUDA host tests skipped")
+    h = hashlib.sha256()
+    for p in [HARNESS] + [CUDA_DIR / name for name in HEADERS]:
+        h.update(p.read_bytes())
+    out_dir = REPO / "build" / "cuda_host" / h.hexdigest()[:16]
+    lib = out_dir / "libcpk_host.so"
+    if not lib.exists():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = out_dir / f"libcpk_host.{os.getpid()}.so"
+        cmd = [nvcc, "-std=c++17", "-O2", "-arch=sm_80", "-Werror", "all-warnings",
+               "-Xcompiler", "-fPIC,-Wall,-Werror", "-shared", str(HARNESS), "-o", str(tmp)]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"harness build failed:\n{' '.join(cmd)}\n{res.stdout}\n{res.stderr}")
+        os.replace(tmp, lib)
+    return lib
+
+
+@pytest.fixture(scope="module")
+def lib():
+    return ctypes.CDLL(str(_build()))
+
+
+def _p(t: torch.Tensor):
+    assert t.is_contiguous()
+    return ctypes.c_void_p(t.data_ptr())
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """fp16/bf16 tensor -> its 16-bit patterns as int32 (0..65535)."""
+    return t.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+
+
+def _from_bits(b: torch.Tensor, dtype) -> torch.Tensor:
+    return b.to(torch.int32).to(torch.int16).view(dtype)
+
+
+DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
+
+
+# --- fragment layouts ------------------------------------------------------------------
+def _ptx_python(which: int, lane: int, i: int) -> tuple[int, int]:
+    """The PTX ISA fragment tables once more, from the ISA's prose."""
+    g, t = lane // 4, lane % 4
+    if which == 0:  # m16n8k16 A: a0,a1: (g, 2t..), a2,a3: (g+8, ..), a4,a5: (g, 2t+8..), a6,a7
+        return g + 8 * (i in (2, 3, 6, 7)), 2 * t + i % 2 + 8 * (i >= 4)
+    if which == 1:  # m16n8k16 B: b0,b1 rows 2t..; b2,b3 rows 2t+8..; col g
+        return 2 * t + i % 2 + 8 * (i >= 2), g
+    if which == 2:  # m16n8k32 s8 A: a0..a3 (g, 4t..), a4..a7 (g+8), a8..a11 (g, 4t+16..), a12..
+        return g + 8 * (4 <= i < 8 or i >= 12), 4 * t + i % 4 + 16 * (i >= 8)
+    if which == 3:  # m16n8k32 s8 B
+        return 4 * t + i % 4 + 16 * (i >= 4), g
+    return g + 8 * (i >= 2), 2 * t + i % 2  # C / D
+
+
+@pytest.mark.parametrize("which,shape", [(0, (16, 16)), (1, (16, 8)), (2, (16, 32)), (3, (32, 8)), (4, (16, 8))])
+def test_fragment_coords_match_ptx(lib, which, shape):
+    e = {0: 8, 1: 4, 2: 16, 3: 8, 4: 4}[which]
+    bufs = [torch.zeros(32 * e, dtype=torch.int32) for _ in range(4)]
+    assert lib.cpk_frag_coords(which, *map(_p, bufs)) == e
+    rows, cols, prow, pcol = (b.tolist() for b in bufs)
+    expect = [_ptx_python(which, lane, i) for lane in range(32) for i in range(e)]
+    assert list(zip(rows, cols)) == expect
+    assert list(zip(prow, pcol)) == expect
+    assert sorted(expect) == [(r, c) for r in range(shape[0]) for c in range(shape[1])]  # bijection
+
+
+def test_ldmatrix_addressing_gives_a_fragment(lib):
+    rows, chunks = torch.zeros(32, dtype=torch.int32), torch.zeros(32, dtype=torch.int32)
+    lib.cpk_ldsm_rows(_p(rows), _p(chunks))
+    for lane in range(32):
+        for reg in range(4):
+            # ldmatrix: register reg of lane = row lane//4 of the matrix whose rows lanes 8*reg.. address
+            src = 8 * reg + lane // 4
+            r, col0 = rows[src].item(), 8 * chunks[src].item() + 2 * (lane % 4)
+            assert (r, col0) == _ptx_python(0, lane, 2 * reg)
+
+
+def test_swizzle_is_bijective_and_conflict_free(lib):
+    out = torch.zeros(64 * 8, dtype=torch.int32)
+    lib.cpk_swz128(64, _p(out))
+    table = out.view(64, 8)
+    for r in range(64):
+        assert sorted((table[r] - 8 * r).tolist()) == list(range(8))
+    for r0 in range(0, 64, 8):  # one ldmatrix phase: 8 consecutive rows, same logical chunk
+        for c in range(8):
+            banks = {(table[r0 + i, c].item() % 8) for i in range(8)}
+            assert len(banks) == 8
+
+
+def test_split_range_and_choose_splits(lib):
+    for tiles in (1, 5, 64, 173):
+        for splits in (1, 2, 3, 7, 16):
+            b, e = torch.zeros(splits, dtype=torch.int32), torch.zeros(splits, dtype=torch.int32)
+            lib.cpk_split_range(tiles, splits, _p(b), _p(e))
+            assert b[0] == 0 and e[-1] == tiles and torch.equal(b[1:], e[:-1])
+            assert (e - b).max() - (e - b).min() <= 1
+    assert lib.cpk_choose_splits(32, 64, 132, 4) == 16  # 4096x4096 at M=1 on an H100: 512 blocks, 4 k-tiles each
+    assert lib.cpk_choose_splits(1000, 64, 132, 4) == 1
+    assert lib.cpk_choose_splits(1, 4, 132, 4) == 1
+
+
+# --- numeric emulation -------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["f16", "bf16"])
+def test_host_half_rounding_matches_torch(lib, name):
+    g = torch.Generator().manual_seed(0)
+    vals = torch.cat([torch.randn(20000, generator=g) * 10 ** torch.randint(-9, 6, (20000,), generator=g),
+                      torch.tensor([0.0, -0.0, 65504.0, 65519.0, 65520.0, 1e-8, 2.0**-24, 3 * 2.0**-25, 1e30,
+                                    float("inf"), -float("inf")])]).float()
+    out = torch.zeros(vals.numel(), dtype=torch.int16)
+    lib.cpk_f32_to_half_bits(int(name == "bf16"), _p(vals), ctypes.c_longlong(vals.numel()), _p(out))
+    assert torch.equal(out, vals.to(DTYPES[name]).view(torch.int16))
+
+
+def _dequant(lib, name, words, s0, s1, z0, z1):
+    n = words.numel()
+    out = torch.zeros(n * 4, dtype=torch.int32)
+    s0b, s1b = (_bits(s.to(DTYPES[name])) * 0x10001 for s in (s0, s1))
+    args = [words.to(torch.int32), s0b.to(torch.int32), s1b.to(torch.int32), z0.to(torch.int32), z1.to(torch.int32)]
+    lib.cpk_w4_dequant(int(name == "bf16"), ctypes.c_longlong(n), *map(_p, args), _p(out))
+    regs = out.view(n, 4)
+    lo, hi = regs & 0xFFFF, (regs >> 16) & 0xFFFF
+    return _from_bits(torch.stack([lo, hi], -1), DTYPES[name])  # [n, reg, half]
+
+
+@pytest.mark.parametrize("name", ["f16", "bf16"])
+def test_dequant_exhaustive(lib, name):
+    """All 16 nibbles x 16 zero points, several scales: every output is (u - z) * s rounded once."""
+    dtype = DTYPES[name]
+    scales = torch.tensor([1.0, 0.0123, -0.5, 3.7e-3, 17.25, 6.1e-5, 1e-7], dtype=torch.float32).to(dtype)
+    u, z, s = torch.meshgrid(torch.arange(16), torch.arange(16), torch.arange(len(scales)), indexing="ij")
+    u, z, s = u.reshape(-1), z.reshape(-1), scales[s.reshape(-1)]
+    words = (u.to(torch.int64) * 0x11111111)
+    words = torch.where(words >= 2**31, words - 2**32, words)
+    got = _dequant(lib, name, words, s, s, z, z)
+    want = ((u - z).float() * s.float()).to(dtype)
+    assert torch.equal(got.view(torch.int16), want[:, None, None].expand_as(got).contiguous().view(torch.int16))
+
+
+@pytest.mark.parametrize("name", ["f16", "bf16"])
+def test_dequant_nibble_positions(lib, name):
+    """Register r, half h comes from nibble r + 4h; registers 0,1 use (s0, z0), 2,3 (s1, z1)."""
+    dtype = DTYPES[name]
+    g = torch.Generator().manual_seed(1)
+    n = 4096
+    nib = torch.randint(0, 16, (n, 8), generator=g)
+    words = (nib << (4 * torch.arange(8))).sum(-1)
+    words = torch.where(words >= 2**31, words - 2**32, words)
+    z0, z1 = torch.randint(0, 16, (n,), generator=g), torch.randint(0, 16, (n,), generator=g)
+    s0, s1 = (torch.rand(n, generator=g) + 0.01).to(dtype), (torch.rand(n, generator=g) - 0.5).to(dtype)
+    got = _dequant(lib, name, words, s0, s1, z0, z1)
+    for r in range(4):
+        zs, ss = (z0, s0) if r < 2 else (z1, s1)
+        for h in range(2):
+            want = ((nib[:, r + 4 * h] - zs).float() * ss.float()).to(dtype)
+            assert torch.equal(got[:, r, h], want)
+
+
+# --- int4 shuffle ------------------------------------------------------------------------
+def _rand_int4(n, k, group, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = ref.pack_int4(torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8))
+    scales = (torch.rand(n, k // group, generator=g) * 0.02 + 0.001).to(dtype)
+    zeros = torch.randint(0, 16, (n, k // group), generator=g, dtype=torch.uint8)
+    return q, scales, zeros
+
+
+@pytest.mark.parametrize("n,k", [(128, 64), (200, 320), (5, 8), (130, 1000)])
+def test_shuffle_matches_reference(lib, n, k):
+    q, s, z = _rand_int4(n, k, 8, torch.float16)
+    qs_ref, _, _ = ref.w4a16_shuffle_for_cuda(q, s, z, 8)
+    out = torch.zeros_like(qs_ref)
+    lib.cpk_w4_shuffle(_p(q), n, k, _p(out))
+    assert torch.equal(out, qs_ref)
+
+
+def test_shuffled_words_are_mma_b_fragments(lib):
+    """Decode every shuffled word through the PTX B-fragment table: register r, half h of
+    lane's word at (nt, kb, ks) is element 2*(r%2)+h of n8 tile r//2's B fragment."""
+    n, k = 256, 128
+    q, s, z = _rand_int4(n, k, 32, torch.float16, seed=3)
+    u = ref.unpack_int4(q)
+    qs = torch.zeros(n * k // 8, dtype=torch.int32)
+    lib.cpk_w4_shuffle(_p(q), n, k, _p(qs))
+    words = qs.view(n // 16, k // 64, 32, 4).to(torch.int64) & 0xFFFFFFFF
+    for nt in range(0, n // 16, 5):
+        for kb in range(k // 64):
+            for lane in range(32):
+                for ks in range(4):
+                    w = words[nt, kb, lane, ks].item()
+                    for r in range(4):
+                        for h in range(2):
+                            nib = (w >> (4 * (r + 4 * h))) & 0xF
+                            kk, nn = _ptx_python(1, lane, 2 * (r % 2) + h)
+                            assert nib == u[16 * nt + 8 * (r // 2) + nn, 64 * kb + 16 * ks + kk]
+
+
+# --- tile-loop emulation -------------------------------------------------------------------
+def _mt_for(m):
+    return 1 if m <= 16 else 2 if m <= 32 else 4
+
+
+W4_CASES = [  # m, n, k, group, splits
+    (1, 128, 64, 64, 1), (5, 200, 320, 32, 3), (17, 130, 256, 128, 2), (40, 64, 192, 16, 1), (70, 256, 128, 64, 2)]
+
+
+@pytest.mark.parametrize("name", ["f16", "bf16"])
+@pytest.mark.parametrize("m,n,k,group,splits", W4_CASES)
+def test_w4a16_tile_loop_emulation(lib, name, m, n, k, group, splits):
+    dtype = DTYPES[name]
+    q, s, z = _rand_int4(n, k, group, dtype, seed=m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(7)).to(dtype)
+    qs, st, zt = ref.w4a16_shuffle_for_cuda(q, s, z, group)
+    np_, kp = st.shape[1], qs.shape[1] // 2
+    y = torch.zeros(m, n, dtype=torch.float32)
+    rc = lib.cpk_w4a16_emulate(int(name == "bf16"), _p(x), m, k, _p(qs), _p(st.contiguous()), _p(zt), n, np_, kp,
+                               group, _mt_for(m), splits, _p(y))
+    assert rc == 0
+    # the kernel multiplies by (u - z) * s rounded to the activation dtype, accumulates in fp32
+    w = ref.dequantize_int4(q, s, z, group, torch.float32).to(dtype).float()
+    torch.testing.assert_close(y, x.float() @ w.t(), rtol=1e-4, atol=1e-4)
+    want = ref.w4a16_gemm(x, q, s, z, group).float()
+    sqnr = 10 * torch.log10(want.pow(2).sum() / (y.to(dtype).float() - want).pow(2).sum().clamp_min(1e-30))
+    assert sqnr > (40 if name == "f16" else 30)
+
+
+W8_CASES = [(1, 128, 128, 1), (5, 200, 320, 3), (17, 130, 256, 2), (40, 64, 48, 1), (70, 250, 400, 2)]
+
+
+@pytest.mark.parametrize("m,n,kq,splits", W8_CASES)
+def test_w8a8_tile_loop_emulation(lib, m, n, kq, splits):
+    g = torch.Generator().manual_seed(m)
+    xq = torch.randint(-127, 128, (m, kq), generator=g, dtype=torch.int8)
+    wq = torch.randint(-127, 128, (n, kq), generator=g, dtype=torch.int8)
+    out = torch.zeros(m, n, dtype=torch.int32)
+    assert lib.cpk_w8a8_emulate(_p(xq), m, kq, _p(wq), n, _mt_for(m), splits, _p(out)) == 0
+    assert torch.equal(out, (xq.to(torch.int64) @ wq.to(torch.int64).t()).to(torch.int32))
+
+
+@pytest.mark.parametrize("name", ["f16", "bf16", "f32"])
+def test_quantize_rows_matches_reference(lib, name):
+    dtype = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[name]
+    g = torch.Generator().manual_seed(2)
+    m, k = 9, 300
+    x = (torch.randn(m, k, generator=g) * 3).to(dtype)
+    x[3] = 0  # all-zero row: scale clamps to 1e-10 / 127
+    x[4, 5] = 2.5 * x[4].abs().max()
+    idx = torch.tensor([5, 17, 299])
+    x[:, idx] *= 40
+    for outliers in (False, True):
+        mask = torch.zeros(k, dtype=torch.uint8)
+        x_rest = x.clone()
+        if outliers:
+            mask[idx] = 1
+            x_rest[:, idx] = 0
+        xf = x.float().contiguous()
+        q, scale = torch.zeros(m, k, dtype=torch.int8), torch.zeros(m, dtype=torch.float32)
+        lib.cpk_quantize_rows(_p(xf), m, k, _p(mask), _p(q), _p(scale))
+        q_ref, s_ref = ref.quantize_per_token_int8(x_rest)
+        assert torch.equal(scale, s_ref)
+        assert torch.equal(q, q_ref)
+
+
+# --- reference of the CUDA-layout ops (pure PyTorch; runs everywhere) ----------------
+@pytest.mark.parametrize("n,k,group", [(200, 320, 32), (5, 96, 32), (128, 4096, 128)])
+def test_shuffled_reference_ops_roundtrip(n, k, group):
+    import compress.ops  # noqa: F401  (registers the ops)
+    q, s, z = _rand_int4(n, k, group, torch.bfloat16, seed=n)
+    qs, st, zt = torch.ops.compress.w4a16_shuffle_for_cuda(q, s, z, group)
+    assert qs.shape == (ref._round_up(n, 128) // 16, ref._round_up(k, 64) * 2)
+    back = ref.w4a16_unshuffle_cuda(qs, st, zt, n, k, group)
+    for a, b in zip(back, (q, s, z)):
+        assert torch.equal(a, b)
+    x = torch.randn(3, k).to(torch.bfloat16)
+    assert torch.equal(torch.ops.compress.w4a16_gemm_shuffled(x, qs, st, zt, group, n),
+                       torch.ops.compress.w4a16_gemm(x, q, s, z, group))
