@@ -17,6 +17,7 @@ class ConfigError(ValueError):
 
     def __init__(self, message: str, where: str = ""):
         self.where = where
+        self.message = message
         super().__init__(f"{where}: {message}" if where else message)
 
 
@@ -103,7 +104,7 @@ def from_dict(cls, data: Any, where: str = ""):
         try:
             validate()
         except ConfigError as exc:
-            raise ConfigError(str(exc), f"{where}.{exc.where}" if where and exc.where else (exc.where or where)) from None
+            raise ConfigError(exc.message, f"{where}.{exc.where}" if where and exc.where else (exc.where or where)) from None
         except ValueError as exc:
             raise ConfigError(str(exc), where) from None
     return obj

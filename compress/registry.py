@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from quantizers.awq import AWQConfig, apply_awq
+from quantizers.llm_int8 import LLMInt8Config, apply_llm_int8
 from quantizers.rtn import RTNConfig, apply_rtn
 
 
@@ -23,6 +25,10 @@ class Method:
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("rtn", RTNConfig, apply_rtn, False,
            "round-to-nearest: int8 per-channel W8A8 or groupwise int4 W4A16"),
+    Method("llm_int8", LLMInt8Config, apply_llm_int8, True,
+           "LLM.int8(): vector-wise int8 with calibrated outlier input columns kept in float"),
+    Method("awq", AWQConfig, apply_awq, True,
+           "AWQ: activation-aware scales folded into the previous op, clip search, groupwise int4 W4A16"),
 )}
 
 
