@@ -312,5 +312,6 @@ def test_shuffled_reference_ops_roundtrip(n, k, group):
     for a, b in zip(back, (q, s, z)):
         assert torch.equal(a, b)
     x = torch.randn(3, k).to(torch.bfloat16)
+    # both on the reference: a native CPU w4a16_gemm accumulates in another order
     assert torch.equal(torch.ops.compress.w4a16_gemm_shuffled(x, qs, st, zt, group, n),
-                       torch.ops.compress.w4a16_gemm(x, q, s, z, group))
+                       ref.w4a16_gemm(x, q, s, z, group))
