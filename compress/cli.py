@@ -132,12 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     # lm-eval's own CLI with our model registered; every argument passed through unchanged
     sub.add_parser("lm-eval", help="lm-eval's CLI with --model compress registered", add_help=False)
 
-    try:
-        from compress.bench import add_bench_parser
-    except ImportError:
-        add_bench_parser = None
-    if add_bench_parser is not None and __import__("os").environ.get("XX_SKIP_BENCH") is None:
-        add_bench_parser(sub)
+    from compress.bench import add_bench_parser
+
+    add_bench_parser(sub)
     return p
 
 

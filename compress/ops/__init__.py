@@ -50,3 +50,45 @@ def get_op(name: str, backend: str = "native"):
     if backend == "reference":
         return library.REFERENCES[name]
     raise ValueError(f"unknown kernel backend {backend!r}; choose one of {BACKENDS}")
+
+
+# ---- CPU kernel ISA: query and override (tests force AVX2 / scalar with these) ----
+_ISA_ORDER = ("avx512_vnni", "avx2", "scalar")
+
+
+def _cpu_module():
+    if not native_available("cpu"):
+        raise RuntimeError("compress._C (native CPU kernels) is not built")
+    return importlib.import_module("compress._C")
+
+
+def cpu_isa() -> str:
+    """The instruction set the CPU kernels use now: 'avx512_vnni', 'avx2' or 'scalar'."""
+    return _cpu_module().cpu_isa()
+
+
+def cpu_isas_available() -> list[str]:
+    """Every kernel path this CPU can run, best first (the scalar path is always there)."""
+    best = _cpu_module().cpu_isa_detected()
+    return list(_ISA_ORDER[_ISA_ORDER.index(best):])
+
+
+def set_cpu_isa(name: str) -> str:
+    """Caps the CPU kernels' ISA ('auto', 'avx512_vnni', 'avx2', 'scalar'; a cap above
+    what the CPU supports falls back to the best supported); returns the ISA now active.
+    The environment variable COMPRESS_CPU_ISA sets the same cap at import."""
+    return _cpu_module().set_cpu_isa(name)
+
+
+class force_cpu_isa:
+    """Context manager: ``with force_cpu_isa("scalar"): ...``; restores 'auto' after."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        return set_cpu_isa(self.name)
+
+    def __exit__(self, *exc):
+        set_cpu_isa("auto")
+        return False

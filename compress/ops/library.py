@@ -19,6 +19,8 @@ SCHEMAS = {
     "w8a8_outlier_gemm": ("w8a8_outlier_gemm(Tensor x, Tensor qweight, Tensor weight_scale, "
                           "Tensor outlier_idx, Tensor outlier_weight) -> Tensor"),
     "quantize_per_token_int8": "quantize_per_token_int8(Tensor x) -> (Tensor, Tensor)",
+    # helper for the benchmarks: a pure streaming read (DRAM bandwidth probe)
+    "stream_read_sum": "stream_read_sum(Tensor buf) -> Tensor",
 }
 
 REFERENCES = {
@@ -26,6 +28,7 @@ REFERENCES = {
     "w8a8_gemm": reference.w8a8_gemm,
     "w8a8_outlier_gemm": reference.w8a8_outlier_gemm,
     "quantize_per_token_int8": reference.quantize_per_token_int8,
+    "stream_read_sum": reference.stream_read_sum,
 }
 
 
@@ -38,11 +41,16 @@ def _fake_quantize_per_token_int8(x):
             x.new_empty((x.shape[0],), dtype=torch.float32))
 
 
+def _fake_stream_read_sum(buf):
+    return buf.new_empty((), dtype=torch.int64)
+
+
 FAKES = {
     "w4a16_gemm": _fake_gemm,
     "w8a8_gemm": _fake_gemm,
     "w8a8_outlier_gemm": _fake_gemm,
     "quantize_per_token_int8": _fake_quantize_per_token_int8,
+    "stream_read_sum": _fake_stream_read_sum,
 }
 
 _lib = torch.library.Library(NAMESPACE, "DEF")
@@ -50,3 +58,33 @@ for _name, _schema in SCHEMAS.items():
     _lib.define(_schema)
     _lib.impl(_name, REFERENCES[_name], "CompositeExplicitAutograd")
     torch.library.register_fake(f"{NAMESPACE}::{_name}", FAKES[_name], lib=_lib)
+
+
+# --- CUDA W4A16 fragment-order layout: load-time shuffle + GEMM on it ----------------
+def _fake_w4a16_shuffle_for_cuda(qweight, scales, zeros, group_size):
+    np_ = reference._round_up(qweight.shape[0], reference.W4_CUDA_TILE_N)
+    kp = reference._round_up(qweight.shape[1] * 8, reference.W4_CUDA_TILE_K)
+    gp = -(-kp // group_size)
+    return (qweight.new_empty((np_ // 16, kp * 2)), scales.new_empty((gp, np_)),
+            zeros.new_empty((gp, np_), dtype=torch.uint8))
+
+
+def _fake_w4a16_gemm_shuffled(x, qweight_shuffled, scales_t, zeros_t, group_size, n):
+    return x.new_empty((x.shape[0], n))
+
+
+_CUDA_LAYOUT_OPS = {
+    "w4a16_shuffle_for_cuda": (
+        "w4a16_shuffle_for_cuda(Tensor qweight, Tensor scales, Tensor zeros, int group_size) "
+        "-> (Tensor, Tensor, Tensor)",
+        reference.w4a16_shuffle_for_cuda, _fake_w4a16_shuffle_for_cuda),
+    "w4a16_gemm_shuffled": (
+        "w4a16_gemm_shuffled(Tensor x, Tensor qweight_shuffled, Tensor scales_t, Tensor zeros_t, "
+        "int group_size, int n) -> Tensor",
+        reference.w4a16_gemm_shuffled, _fake_w4a16_gemm_shuffled),
+}
+for _name, (_schema, _ref, _fake) in _CUDA_LAYOUT_OPS.items():
+    _lib.define(_schema)
+    _lib.impl(_name, _ref, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{NAMESPACE}::{_name}", _fake, lib=_lib)
+    SCHEMAS[_name], REFERENCES[_name], FAKES[_name] = _schema, _ref, _fake

@@ -87,3 +87,72 @@ def w8a8_outlier_gemm(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torc
     y = w8a8_gemm(x_rest, qweight, weight_scale).to(torch.float32)
     y = y + x[:, idx].to(torch.float32) @ outlier_weight.to(torch.float32).t()
     return y.to(x.dtype)
+
+
+# --- CUDA W4A16 fragment-order layout (csrc/cuda/int4_layout.cuh) -------------------
+# Made once at load time for the tensor-core kernel: N padded to a multiple of 128, K to
+# 64; int32 words [Np/16, Kp/64, 32 lanes, 4 k16-steps] (returned as [Np/16, Kp*2]);
+# nibble p of word (nt, kb, lane, ks) is the weight at
+#   n = 16*nt + 8*((p>>1)&1) + lane//4,  k = 64*kb + 16*ks + 2*(lane%4) + (p>>2) + 8*(p&1)
+# (the B operand of two mma.m16n8k16 per lane). Scales / zeros transposed to [Gp, Np].
+W4_CUDA_TILE_N, W4_CUDA_TILE_K = 128, 64
+
+
+def _round_up(v: int, m: int) -> int:
+    return (v + m - 1) // m * m
+
+
+def _w4_cuda_coords(np_: int, kp: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    ar = lambda n: torch.arange(n, device=device)  # noqa: E731
+    nt, kb = ar(np_ // 16).view(-1, 1, 1, 1, 1), ar(kp // 64).view(1, -1, 1, 1, 1)
+    lane, ks, p = ar(32).view(1, 1, -1, 1, 1), ar(4).view(1, 1, 1, -1, 1), ar(8).view(1, 1, 1, 1, -1)
+    n = 16 * nt + 8 * ((p >> 1) & 1) + lane // 4
+    k = 64 * kb + 16 * ks + 2 * (lane % 4) + (p >> 2) + 8 * (p & 1)
+    return torch.broadcast_tensors(n, k)
+
+
+def w4a16_shuffle_for_cuda(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                           group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Canonical int4 -> (qweight_shuffled int32 [Np/16, Kp*2], scales_t [Gp, Np], zeros_t
+    uint8 [Gp, Np]); padding is zero (weights, scales and zeros)."""
+    n, k = qweight.shape[0], qweight.shape[1] * 8
+    np_, kp = _round_up(n, W4_CUDA_TILE_N), _round_up(k, W4_CUDA_TILE_K)
+    gp = -(-kp // group_size)
+    u = torch.zeros(np_, kp, dtype=torch.int64, device=qweight.device)
+    u[:n, :k] = unpack_int4(qweight).to(torch.int64)
+    rows, cols = _w4_cuda_coords(np_, kp, qweight.device)
+    shifts = 4 * torch.arange(8, device=qweight.device, dtype=torch.int64)
+    words = (u[rows, cols] << shifts).sum(-1)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).reshape(np_ // 16, kp * 2)
+    scales_t = scales.new_zeros(gp, np_)
+    scales_t[: scales.shape[1], :n] = scales.t()
+    zeros_t = torch.zeros(gp, np_, dtype=torch.uint8, device=zeros.device)
+    zeros_t[: zeros.shape[1], :n] = zeros.t()
+    return words, scales_t, zeros_t
+
+
+def w4a16_unshuffle_cuda(qweight_shuffled: torch.Tensor, scales_t: torch.Tensor, zeros_t: torch.Tensor,
+                         n: int, k: int, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`w4a16_shuffle_for_cuda` (canonical qweight, scales, zeros)."""
+    np_, kp = qweight_shuffled.shape[0] * 16, qweight_shuffled.shape[1] // 2
+    rows, cols = _w4_cuda_coords(np_, kp, qweight_shuffled.device)
+    words = qweight_shuffled.reshape(np_ // 16, kp // 64, 32, 4, 1).to(torch.int64)
+    nib = (words >> (4 * torch.arange(8, device=words.device))) & 0xF
+    u = torch.zeros(np_, kp, dtype=torch.uint8, device=words.device)
+    u[rows.reshape(-1), cols.reshape(-1)] = nib.reshape(-1).to(torch.uint8)
+    g = k // group_size
+    return pack_int4(u[:n, :k]), scales_t[:g, :n].t().contiguous(), zeros_t[:g, :n].t().contiguous()
+
+
+def w4a16_gemm_shuffled(x: torch.Tensor, qweight_shuffled: torch.Tensor, scales_t: torch.Tensor,
+                        zeros_t: torch.Tensor, group_size: int, n: int) -> torch.Tensor:
+    """:func:`w4a16_gemm` on the CUDA fragment-order layout; ``n`` = out features."""
+    qweight, scales, zeros = w4a16_unshuffle_cuda(qweight_shuffled, scales_t, zeros_t, n, x.shape[1], group_size)
+    return w4a16_gemm(x, qweight, scales, zeros, group_size)
+
+
+def stream_read_sum(buf: torch.Tensor) -> torch.Tensor:
+    """Wrapping int64 sum of an int64 buffer (the bandwidth probe's checksum)."""
+    if buf.dtype != torch.int64:
+        raise TypeError(f"stream_read_sum needs an int64 buffer, got {buf.dtype}")
+    return buf.reshape(-1).sum()

@@ -68,6 +68,15 @@ class Int4Linear(_OpLinear):
         self.register_buffer("zeros", zeros)
         self.group_size = group_size
 
+    def prepare(self, backend: str = "native") -> None:
+        # The CPU kernel runs on the canonical packing as stored (its activations are
+        # permuted instead, see csrc/cpu/README.md); it only needs contiguous tensors
+        # and uint8 zero points, so make that true once here rather than per call.
+        super().prepare(backend)
+        self.qweight = self.qweight.contiguous()
+        self.scales = self.scales.contiguous()
+        self.zeros = self.zeros.to(torch.uint8).contiguous()
+
     def gemm(self, x2d):
         return get_op(self.op_name, self.backend)(x2d, self.qweight, self.scales, self.zeros, self.group_size)
 
@@ -81,6 +90,11 @@ class Int8Linear(_OpLinear):
         super().__init__(qweight.shape[0], qweight.shape[1], bias)
         self.register_buffer("qweight", qweight)
         self.register_buffer("weight_scale", weight_scale)
+
+    def prepare(self, backend: str = "native") -> None:
+        super().prepare(backend)
+        self.qweight = self.qweight.contiguous()
+        self.weight_scale = self.weight_scale.contiguous()
 
     def gemm(self, x2d):
         return get_op(self.op_name, self.backend)(x2d, self.qweight, self.weight_scale)
@@ -97,6 +111,13 @@ class Int8OutlierLinear(_OpLinear):
         self.register_buffer("weight_scale", weight_scale)
         self.register_buffer("outlier_idx", outlier_idx)
         self.register_buffer("outlier_weight", outlier_weight)
+
+    def prepare(self, backend: str = "native") -> None:
+        super().prepare(backend)
+        self.qweight = self.qweight.contiguous()
+        self.weight_scale = self.weight_scale.contiguous()
+        self.outlier_idx = self.outlier_idx.to(torch.long).contiguous()
+        self.outlier_weight = self.outlier_weight.contiguous()
 
     def gemm(self, x2d):
         return get_op(self.op_name, self.backend)(

@@ -1,7 +1,36 @@
 // Python module entry for compress._C. Importing it runs the static
-// TORCH_LIBRARY_IMPL registrations of every kernel file in csrc/cpu/.
+// TORCH_LIBRARY_IMPL registrations of every kernel file in csrc/cpu/, and exposes
+// the run-time ISA query / override used by compress.ops (cpu_isa, set_cpu_isa).
 #include <Python.h>
 
-static struct PyModuleDef compress_c_module = {PyModuleDef_HEAD_INIT, "_C", "compress CPU kernels", -1, nullptr};
+#include "cpu/kernel_common.h"
+
+static PyObject* py_cpu_isa(PyObject*, PyObject*) {
+  return PyUnicode_FromString(compress_cpu::isa_name(compress_cpu::active_isa()));
+}
+
+static PyObject* py_cpu_isa_detected(PyObject*, PyObject*) {
+  return PyUnicode_FromString(compress_cpu::isa_name(compress_cpu::detected_isa()));
+}
+
+static PyObject* py_set_cpu_isa(PyObject*, PyObject* arg) {
+  const char* name = PyUnicode_AsUTF8(arg);
+  if (name == nullptr) return nullptr;
+  if (!compress_cpu::set_isa_override(name)) {
+    PyErr_Format(PyExc_ValueError, "unknown CPU ISA %R; choose auto, avx512_vnni, avx2 or scalar", arg);
+    return nullptr;
+  }
+  return PyUnicode_FromString(compress_cpu::isa_name(compress_cpu::active_isa()));
+}
+
+static PyMethodDef compress_c_methods[] = {
+    {"cpu_isa", py_cpu_isa, METH_NOARGS, "ISA the CPU kernels use now (avx512_vnni, avx2 or scalar)."},
+    {"cpu_isa_detected", py_cpu_isa_detected, METH_NOARGS, "Best ISA this CPU supports."},
+    {"set_cpu_isa", py_set_cpu_isa, METH_O,
+     "Caps the kernels' ISA (auto, avx512_vnni, avx2, scalar); returns the ISA now active."},
+    {nullptr, nullptr, 0, nullptr}};
+
+static struct PyModuleDef compress_c_module = {PyModuleDef_HEAD_INIT, "_C", "compress CPU kernels", -1,
+                                               compress_c_methods};
 
 PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&compress_c_module); }

@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "cpu/kernel_common.h"
+
 #include <algorithm>
 #include <cmath>
 #include <tuple>
@@ -19,9 +21,9 @@ static void quantize_rows(const T* x, int8_t* q, float* scale, int64_t m, int64_
       float amax = 0.f;
       for (int64_t j = 0; j < k; ++j) amax = std::max(amax, std::fabs(static_cast<float>(row[j])));
       const float s = std::max(amax, 1e-10f) / 127.f;
-      const float inv = 1.f / s;
       for (int64_t j = 0; j < k; ++j) {
-        float v = std::nearbyint(static_cast<float>(row[j]) * inv);
+        // division (not a multiply by 1/s) so that ties round exactly as the reference
+        float v = round_half_even(static_cast<float>(row[j]) / s);
         v = std::min(127.f, std::max(-127.f, v));
         q[i * k + j] = static_cast<int8_t>(v);
       }

@@ -1,0 +1,233 @@
+"""``compress bench kernels``: our CPU kernels against PyTorch and bitsandbytes on real
+model shapes, timed A B A B in one run, beside the DRAM read bandwidth measured in the
+same command (the limit for M = 1)."""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+
+from compress import ops
+from compress.bench.bandwidth import read_bandwidth
+from compress.ops import reference
+
+# (N out, K in) from Llama-2-7B (4096x4096, 11008x4096, 4096x11008), Mistral/Llama-3
+# MLP (14336x4096) and a 2048-hidden model's MLP (2048x8192).
+DEFAULT_SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008), (14336, 4096), (2048, 8192)]
+DEFAULT_MS = [1, 4, 16, 64, 256]
+GROUP = 128
+OUTLIER_FRACTION = 0.005
+
+
+@dataclass
+class Record:
+    op: str
+    implementation: str
+    M: int
+    N: int
+    K: int
+    median_s: float
+    weight_bytes: int
+    gbps: float
+    gflops: float
+
+
+@dataclass
+class Case:
+    op: str           # what is computed: "w4a16", "w8a8", "w8a8_outlier", "dense"
+    implementation: str
+    fn: Callable[[], torch.Tensor]
+    weight_bytes: int
+
+
+def _int4_weights(n: int, k: int, group: int):
+    g = torch.Generator().manual_seed(0)
+    u = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    scales = (torch.rand(n, k // group, generator=g) * 0.01 + 1e-3).to(torch.bfloat16)
+    zeros = torch.randint(0, 16, (n, k // group), generator=g, dtype=torch.uint8)
+    return u, reference.pack_int4(u), scales, zeros
+
+
+def build_cases(m: int, n: int, k: int, impls: set[str] | None) -> list[Case]:
+    """Every implementation for one (M, N, K); weights built once per shape by the caller
+    would save time, but per-shape build keeps memory bounded."""
+    want = (lambda name: impls is None or name in impls)
+    cases: list[Case] = []
+    x32 = torch.randn(m, k)
+    x16 = x32.to(torch.bfloat16)
+    u, qweight, scales, zeros = _int4_weights(n, k, GROUP)
+    int4_bytes = qweight.numel() * 4 + scales.numel() * 2 + zeros.numel()
+    q8 = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    s8 = torch.rand(n) * 0.01 + 1e-3
+    int8_bytes = q8.numel() + s8.numel() * 4
+    c = max(1, int(round(k * OUTLIER_FRACTION)))
+    idx = torch.randperm(k)[:c].sort().values
+    ow = torch.randn(n, c, dtype=torch.float16) * 0.02
+    w4 = torch.ops.compress.w4a16_gemm
+    w8 = torch.ops.compress.w8a8_gemm
+    w8o = torch.ops.compress.w8a8_outlier_gemm
+
+    if want("compress"):
+        cases += [
+            Case("w4a16", "compress fp32", lambda: w4(x32, qweight, scales, zeros, GROUP), int4_bytes),
+            Case("w4a16", "compress bf16", lambda: w4(x16, qweight, scales, zeros, GROUP), int4_bytes),
+            Case("w8a8", "compress fp32", lambda: w8(x32, q8, s8), int8_bytes),
+            Case("w8a8", "compress bf16", lambda: w8(x16, q8, s8), int8_bytes),
+            Case("w8a8_outlier", "compress fp32", lambda: w8o(x32, q8, s8, idx, ow),
+                 int8_bytes + ow.numel() * 2),
+        ]
+    if want("torch"):
+        wf = torch.randn(n, k) * 0.02
+        wb = wf.to(torch.bfloat16)
+        cases += [
+            Case("dense", "torch matmul fp32", lambda: x32 @ wf.t(), wf.numel() * 4),
+            Case("dense", "torch matmul bf16", lambda: x16 @ wb.t(), wb.numel() * 2),
+        ]
+        s8b = s8.to(torch.bfloat16)
+        cases.append(Case("w8a8", "torch _weight_int8pack_mm bf16",
+                          lambda: torch.ops.aten._weight_int8pack_mm(x16, q8, s8b), int8_bytes))
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(u.to(torch.int32), 2)
+        # torch's convention: w = (q - 8) * scale + zero  ->  zero = (8 - z) * scale
+        sf = scales.float().t()
+        sz = torch.stack([sf, (8 - zeros.float().t()) * sf], -1)
+        sz16, sz32 = sz.to(torch.bfloat16).contiguous(), sz.contiguous()
+        cases.append(Case("w4a16", "torch _weight_int4pack_mm bf16",
+                          lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x16, packed, GROUP, sz16), int4_bytes))
+        if m <= 4:  # its fp32-activation path is ~30x slower than bf16; seconds per call beyond
+            cases.append(Case("w4a16", "torch _weight_int4pack_mm fp32",
+                              lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x32, packed, GROUP, sz32),
+                              int4_bytes))
+    if want("bnb"):
+        cases += _bnb_cases(x32, x16, n, k)
+    return cases
+
+
+def _bnb_cases(x32, x16, n: int, k: int) -> list[Case]:
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        return []
+    lin = torch.nn.Linear(k, n, bias=False)
+    out = []
+    l8 = bnb.nn.Linear8bitLt(k, n, bias=False, has_fp16_weights=False, threshold=0.0)
+    l8.load_state_dict(lin.state_dict())
+    l8 = l8.to("cpu").eval()  # eval(): bitsandbytes' CPU fast path
+    out.append(Case("w8a8", "bitsandbytes int8", torch.no_grad()(lambda: l8(x32)), n * k + n * 4))
+    l8o = bnb.nn.Linear8bitLt(k, n, bias=False, has_fp16_weights=False, threshold=6.0)
+    l8o.load_state_dict(lin.state_dict())
+    l8o = l8o.to("cpu").eval()
+    xo = x32.clone()
+    xo[:, : max(1, int(round(k * OUTLIER_FRACTION)))] *= 40.0
+    out.append(Case("w8a8_outlier", "bitsandbytes int8 t=6", torch.no_grad()(lambda: l8o(xo)), n * k + n * 4))
+    l4 = bnb.nn.Linear4bit(k, n, bias=False, quant_type="nf4", compute_dtype=torch.bfloat16)
+    l4.load_state_dict(lin.state_dict())
+    l4 = l4.to("cpu").eval()
+    out.append(Case("w4a16", "bitsandbytes nf4 bf16", torch.no_grad()(lambda: l4(x16)), n * k // 2 + n * k // 64 * 4))
+    return out
+
+
+def time_cases(cases: list[Case], reps: int, budget_s: float) -> dict[str, float]:
+    """A B A B: each round calls every case once; medians per case."""
+    for c in cases:  # warm-up (and first-touch)
+        c.fn()
+    times: dict[str, list[float]] = {c.op + "|" + c.implementation: [] for c in cases}
+    t_start = time.perf_counter()
+    for r in range(reps):
+        for c in cases:
+            t0 = time.perf_counter()
+            c.fn()
+            times[c.op + "|" + c.implementation].append(time.perf_counter() - t0)
+        if r >= 2 and time.perf_counter() - t_start > budget_s:
+            break
+    return {key: statistics.median(v) for key, v in times.items()}
+
+
+def run(shapes, ms, impls=None, reps: int = 7, budget_s: float = 20.0, threads: int | None = None,
+        bandwidth_bytes: int = 1 << 30, log=print) -> dict:
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    bw_before = read_bandwidth(bandwidth_bytes)
+    log(f"# threads={torch.get_num_threads()} isa={ops.cpu_isa() if ops.native_available('cpu') else 'none'} "
+        f"DRAM read bandwidth (stream_read_sum over {bandwidth_bytes >> 20} MiB): "
+        f"median {bw_before['median_gbps']:.1f} GB/s, best {bw_before['best_gbps']:.1f} GB/s")
+    records: list[Record] = []
+    header = f"{'op':<13} {'implementation':<32} {'M':>4} {'N':>6} {'K':>6} {'median ms':>10} {'GB/s':>7} {'GFLOP/s':>8}  ratios"
+    log(header)
+    for n, k in shapes:
+        for m in ms:
+            cases = build_cases(m, n, k, impls)
+            med = time_cases(cases, reps, budget_s)
+            recs = []
+            for c in cases:
+                t = med[c.op + "|" + c.implementation]
+                recs.append(Record(c.op, c.implementation, m, n, k, t, c.weight_bytes, c.weight_bytes / t / 1e9,
+                                   2 * m * n * k / t / 1e9))
+            by_impl = {(r.op, r.implementation): r for r in recs}
+            for r in recs:
+                log(f"{r.op:<13} {r.implementation:<32} {m:>4} {n:>6} {k:>6} {r.median_s * 1e3:>10.3f} "
+                    f"{r.gbps:>7.1f} {r.gflops:>8.1f}  {_ratios(r, by_impl)}")
+            records += recs
+            del cases
+    bw_after = read_bandwidth(bandwidth_bytes)
+    log(f"# DRAM read bandwidth after the sweep: median {bw_after['median_gbps']:.1f} GB/s, "
+        f"best {bw_after['best_gbps']:.1f} GB/s")
+    best = max(bw_before["best_gbps"], bw_after["best_gbps"])
+    for r in records:
+        if r.M == 1 and r.implementation.startswith("compress"):
+            log(f"# M=1 {r.op:<13} {r.implementation:<15} {r.N}x{r.K}: {r.gbps:5.1f} GB/s = "
+                f"{100 * r.gbps / best:5.1f}% of best read bandwidth")
+    return {"bandwidth": {"before": bw_before, "after": bw_after, "best_gbps": best},
+            "threads": torch.get_num_threads(),
+            "isa": ops.cpu_isa() if ops.native_available("cpu") else None,
+            "records": [asdict(r) for r in records]}
+
+
+def _ratios(r: Record, by_impl: dict) -> str:
+    """Speed-ups of our kernels over the baselines measured in the same round."""
+    if not r.implementation.startswith("compress"):
+        return ""
+    base = {
+        "w4a16": ["torch _weight_int4pack_mm bf16", "torch matmul fp32", "bitsandbytes nf4 bf16"],
+        "w8a8": ["torch _weight_int8pack_mm bf16", "torch matmul fp32", "bitsandbytes int8"],
+        "w8a8_outlier": [],
+    }[r.op]
+    parts = []
+    for b in base:
+        key = (r.op, b) if (r.op, b) in by_impl else ("dense", b)
+        if key in by_impl:
+            parts.append(f"{by_impl[key].median_s / r.median_s:.2f}x {b.replace('torch ', '')}")
+    if r.op == "w8a8_outlier" and ("w8a8", r.implementation) in by_impl:
+        parts.append(f"{r.median_s / by_impl[('w8a8', r.implementation)].median_s:.3f}x time of w8a8")
+    return ", ".join(parts)
+
+
+def main(args) -> int:
+    shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes] if args.shapes else DEFAULT_SHAPES
+    ms = args.m or DEFAULT_MS
+    impls = set(args.impl) if args.impl else None
+    if args.isa:
+        ops.set_cpu_isa(args.isa)
+    result = run(shapes, ms, impls, reps=args.reps, budget_s=args.budget, threads=args.threads,
+                 bandwidth_bytes=int(args.bandwidth_mib) << 20)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"# wrote {args.json}")
+    return 0
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--shapes", nargs="*", help="NxK (out x in) shapes, e.g. 11008x4096")
+    p.add_argument("--m", type=int, nargs="*", help="batch rows M (default 1 4 16 64 256)")
+    p.add_argument("--impl", nargs="*", choices=["compress", "torch", "bnb"], help="implementations to run")
+    p.add_argument("--isa", choices=["auto", "avx512_vnni", "avx2", "scalar"], help="cap our kernels' ISA")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--reps", type=int, default=7, help="A B A B rounds per configuration")
+    p.add_argument("--budget", type=float, default=20.0, help="seconds per configuration before stopping early (>= 3 rounds)")
+    p.add_argument("--bandwidth-mib", type=int, default=1024, help="bandwidth probe buffer size")
+    p.add_argument("--json", help="write the records to this file")

@@ -1,0 +1,223 @@
+"""``compress bench model PATH``: prefill and decode tokens/s of a checkpoint on the
+compress runtime, at batch 1 and 16, beside llama.cpp (Q4_0 / Q8_0 / F16 GGUF made from
+the dense HF source with llama.cpp's own converter and quantizer) and transformers
+``generate()``, with the bandwidth limit (DRAM read GB/s / weight bytes per token)."""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from compress.bench.bandwidth import read_bandwidth
+
+
+@dataclass
+class ModelRecord:
+    engine: str
+    scheme: str
+    batch: int
+    threads: int
+    prompt_len: int
+    new_tokens: int
+    prefill_tok_s: float
+    decode_tok_s: float
+    weight_bytes_per_token: int
+    bandwidth_limit_tok_s: float
+
+
+def _median(v):
+    return statistics.median(v)
+
+
+def _prompts(batch: int, prompt_len: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, min(vocab, 32000), (batch, prompt_len), generator=g).tolist()
+
+
+def _streamed_bytes(model: torch.nn.Module) -> int:
+    """Bytes a decode step reads: every parameter and buffer except the embedding table
+    (one row per token) and rotary / cache buffers."""
+    total = 0
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if "embed_tokens" in name or "cache" in name or "rotary" in name or "inv_freq" in name:
+            continue
+        total += t.numel() * t.element_size()
+    return total
+
+
+# ---------------------------------------------------------------- compress runtime
+def bench_compress(path: str, batch: int, prompt_len: int, new_tokens: int, threads: int, dtype: str,
+                   reps: int) -> tuple[dict, int, str]:
+    from compress.runtime import LLM, SamplingParams
+
+    llm = LLM(path, dtype=dtype, kernels="native", threads=threads, max_batch_size=max(batch, 1))
+    prompts = _prompts(batch, prompt_len, llm.config.vocab_size)
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))  # warm-up
+    pre, dec = [], []
+    for _ in range(reps):
+        outs = llm.generate(prompts, params)
+        m = outs[0].metrics
+        pre.append(m["prompt_tokens"] / m["prefill_s"])
+        dec.append(m["batch_size"] * m["decode_steps"] / m["decode_s"])
+    schemes = sorted({getattr(mod, "scheme", None) for mod in llm.model.modules()} - {None})
+    return {"prefill": _median(pre), "decode": _median(dec)}, _streamed_bytes(llm.model), "+".join(schemes)
+
+
+# ---------------------------------------------------------------- transformers
+def bench_transformers(hf_dir: str, batch: int, prompt_len: int, new_tokens: int, threads: int, dtype: str,
+                       reps: int) -> tuple[dict, int]:
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(threads)
+    tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=tdtype).eval()
+    ids = torch.tensor(_prompts(batch, prompt_len, model.config.vocab_size))
+    kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+
+    def gen(n):
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, **kw)
+        return time.perf_counter() - t0
+
+    gen(2)
+    pre, dec = [], []
+    for _ in range(reps):
+        t1 = gen(1)
+        tn = gen(new_tokens)
+        pre.append(batch * prompt_len / t1)
+        dec.append(batch * (new_tokens - 1) / max(tn - t1, 1e-9))
+    return {"prefill": _median(pre), "decode": _median(dec)}, _streamed_bytes(model)
+
+
+# ---------------------------------------------------------------- llama.cpp
+def llamacpp_gguf(hf_dir: str, qtype: str, cache_dir: Path, converter: str | None) -> Path:
+    """HF dir -> F16 GGUF (llama.cpp's convert_hf_to_gguf.py) -> Q4_0 / Q8_0 (llama.cpp's
+    quantizer through llama-cpp-python's binding). Cached in ``cache_dir``."""
+    import subprocess
+    import sys
+
+    import llama_cpp
+
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    f16 = cache_dir / "model-f16.gguf"
+    if not f16.exists():
+        if converter is None:
+            raise RuntimeError("llama.cpp engine needs --llamacpp-converter PATH/convert_hf_to_gguf.py "
+                               "(from the llama-cpp-python source distribution; see scripts/bench_llamacpp.py)")
+        conv = Path(converter)
+        env = dict(__import__("os").environ)
+        gguf_py = conv.parent / "gguf-py"
+        if gguf_py.exists():
+            env["PYTHONPATH"] = str(gguf_py) + ":" + env.get("PYTHONPATH", "")
+        subprocess.run([sys.executable, str(conv), hf_dir, "--outtype", "f16", "--outfile", str(f16)],
+                       check=True, env=env)
+    if qtype == "f16":
+        return f16
+    out = cache_dir / f"model-{qtype}.gguf"
+    if not out.exists():
+        ftype = {"q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0}[qtype]
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = ftype
+        rc = llama_cpp.llama_model_quantize(str(f16).encode(), str(out).encode(), params)
+        if rc != 0:
+            raise RuntimeError(f"llama_model_quantize failed ({rc})")
+    return out
+
+
+def bench_llamacpp(gguf: Path, prompt_len: int, new_tokens: int, threads: int, vocab: int, reps: int) -> dict:
+    """Batch 1 only: llama-cpp-python's Llama drives one sequence."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=prompt_len + new_tokens + 8, n_threads=threads,
+                          n_threads_batch=threads, n_batch=max(prompt_len, 32), verbose=False)
+    prompt = _prompts(1, prompt_len, vocab)[0]
+    pre, dec = [], []
+    for r in range(reps + 1):
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(prompt)
+        t1 = time.perf_counter()
+        tok = prompt[-1]
+        for i in range(new_tokens):
+            llm.eval([tok])
+            tok = (tok * 31 + 7) % (vocab - 3) + 3  # token values do not change the work
+        t2 = time.perf_counter()
+        if r:  # first round warms up
+            pre.append(prompt_len / (t1 - t0))
+            dec.append(new_tokens / (t2 - t1))
+    return {"prefill": _median(pre), "decode": _median(dec)}
+
+
+# ---------------------------------------------------------------- command
+def run(args, log=print) -> dict:
+    threads = args.threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    bw = read_bandwidth(int(args.bandwidth_mib) << 20)
+    gbps = bw["best_gbps"]
+    log(f"# threads={threads} DRAM read bandwidth: best {gbps:.1f} GB/s (median {bw['median_gbps']:.1f})")
+    records: list[ModelRecord] = []
+
+    def add(engine, scheme, batch, res, nbytes):
+        limit = gbps * 1e9 / nbytes * batch if nbytes else float("nan")
+        rec = ModelRecord(engine, scheme, batch, threads, args.prompt_len, args.new_tokens,
+                          res["prefill"], res["decode"], nbytes, limit)
+        records.append(rec)
+        log(f"{engine:<13} {scheme:<14} batch {batch:>3}  prefill {rec.prefill_tok_s:8.1f} tok/s  "
+            f"decode {rec.decode_tok_s:7.1f} tok/s  (limit {limit:7.1f} tok/s, {nbytes / 1e6:6.1f} MB/token)")
+
+    engines = set(args.engines)
+    for path in args.paths:
+        if "compress" in engines:
+            for b in args.batch:
+                res, nbytes, scheme = bench_compress(path, b, args.prompt_len, args.new_tokens, threads, args.dtype,
+                                                     args.reps)
+                add("compress", scheme, b, res, nbytes)
+    hf = args.hf
+    if hf and "transformers" in engines:
+        for dt in args.hf_dtypes:
+            for b in args.batch:
+                res, nbytes = bench_transformers(hf, b, args.prompt_len, args.new_tokens, threads, dt, args.reps)
+                add("transformers", dt, b, res, nbytes)
+    if hf and "llamacpp" in engines:
+        cfg = json.loads((Path(hf) / "config.json").read_text())
+        cache = Path(args.gguf_dir or (Path(hf).parent / "gguf"))
+        for qt in args.gguf_types:
+            gguf = llamacpp_gguf(hf, qt, cache, args.llamacpp_converter)
+            nbytes = gguf.stat().st_size - cfg["vocab_size"] * cfg["hidden_size"] * {"f16": 2, "q8_0": 34 / 32,
+                                                                                        "q4_0": 18 / 32}[qt]
+            res = bench_llamacpp(gguf, args.prompt_len, args.new_tokens, threads, cfg["vocab_size"], args.reps)
+            add("llama.cpp", qt, 1, res, int(nbytes))
+    return {"bandwidth": bw, "records": [asdict(r) for r in records]}
+
+
+def main(args) -> int:
+    result = run(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+        print(f"# wrote {args.json}")
+    return 0
+
+
+def add_arguments(p) -> None:
+    p.add_argument("paths", nargs="*", help="compress checkpoints (exported dirs) to run on our runtime")
+    p.add_argument("--hf", help="the dense HF source directory, for llama.cpp and transformers")
+    p.add_argument("--engines", nargs="*", default=["compress", "llamacpp", "transformers"],
+                   choices=["compress", "llamacpp", "transformers"])
+    p.add_argument("--batch", type=int, nargs="*", default=[1, 16])
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int)
+    p.add_argument("--dtype", default="float32", help="activation dtype of our runtime")
+    p.add_argument("--hf-dtypes", nargs="*", default=["float32", "bfloat16"])
+    p.add_argument("--gguf-types", nargs="*", default=["q4_0", "q8_0"], choices=["q4_0", "q8_0", "f16"])
+    p.add_argument("--gguf-dir", help="where converted GGUF files are cached (default: next to --hf)")
+    p.add_argument("--llamacpp-converter", help="llama.cpp's convert_hf_to_gguf.py")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--bandwidth-mib", type=int, default=1024)
+    p.add_argument("--json", help="write the records to this file")

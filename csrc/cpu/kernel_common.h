@@ -1,0 +1,95 @@
+// Shared pieces of the compress CPU kernels: run-time ISA selection, scale loading,
+// and the work-splitting helper. Every kernel file (one op per file) includes this.
+//
+// ISA-specific code is compiled with `#pragma GCC target(...)` regions inside each
+// kernel file (setup.py compiles all files with the same flags, and the extension must
+// load on any x86-64), and is only called when active_isa() says the CPU supports it.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace compress_cpu {
+
+enum class Isa : int { Scalar = 0, Avx2 = 1, Avx512Vnni = 2 };
+
+// What cpuid (and the OS's XSAVE state) says this CPU can run.
+Isa detected_isa();
+// The ISA kernels use now: min(detected, override). The override starts from the
+// environment variable COMPRESS_CPU_ISA (auto|avx512_vnni|avx2|scalar).
+Isa active_isa();
+// Sets the override; returns false for an unknown name. "auto" clears it.
+bool set_isa_override(const char* name);
+const char* isa_name(Isa isa);
+
+// Scales / per-channel weight scales may be fp32, fp16 or bf16; they are read one
+// value per group (never per weight), so a switch per load is cheap.
+enum class ScaleType : int { F32 = 0, F16 = 1, BF16 = 2 };
+
+inline ScaleType scale_type_of(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return ScaleType::F32;
+    case at::kHalf: return ScaleType::F16;
+    case at::kBFloat16: return ScaleType::BF16;
+    default: TORCH_CHECK(false, "compress: scales must be float32, float16 or bfloat16, got ", t.scalar_type());
+  }
+}
+
+inline float load_scale(const void* p, ScaleType t, int64_t i) {
+  switch (t) {
+    case ScaleType::F32: return static_cast<const float*>(p)[i];
+    case ScaleType::F16: return static_cast<float>(static_cast<const c10::Half*>(p)[i]);
+    default: return static_cast<float>(static_cast<const c10::BFloat16*>(p)[i]);
+  }
+}
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Round half to even (= std::nearbyint / torch.round in the default FP mode) for
+// |v| < 2^22, without the libm call that made activation quantization ~6 ns/element on
+// a generic x86-64 build; loops using it vectorize. No -ffast-math here, so the
+// compiler keeps the add/sub pair.
+inline float round_half_even(float v) {
+  constexpr float kMagic = 12582912.f;  // 1.5 * 2^23
+  return (v + kMagic) - kMagic;
+}
+
+// Copies a float / bf16 / fp16 activation row into fp32.
+inline void row_to_float(const at::Tensor& x, int64_t m, float* dst) {
+  const int64_t k = x.size(1);
+  switch (x.scalar_type()) {
+    case at::kFloat: std::copy_n(x.data_ptr<float>() + m * k, k, dst); break;
+    case at::kBFloat16: {
+      const c10::BFloat16* src = x.data_ptr<c10::BFloat16>() + m * k;
+      for (int64_t j = 0; j < k; ++j) dst[j] = static_cast<float>(src[j]);
+      break;
+    }
+    case at::kHalf: {
+      const c10::Half* src = x.data_ptr<c10::Half>() + m * k;
+      for (int64_t j = 0; j < k; ++j) dst[j] = static_cast<float>(src[j]);
+      break;
+    }
+    default: TORCH_CHECK(false, "compress: activations must be float32, bfloat16 or float16, got ", x.scalar_type());
+  }
+}
+
+// Splits an [M, N] output into (m-block, n-block) work items for at::parallel_for
+// with the m-block index fastest, so one thread keeps one weight n-block hot in its
+// cache while it walks the M rows. `fn(m0, m1, n0, n1)`.
+template <typename F>
+inline void parallel_tiles(int64_t M, int64_t N, int64_t mb, int64_t nb, const F& fn) {
+  const int64_t m_blocks = ceil_div(M, mb), n_blocks = ceil_div(N, nb);
+  at::parallel_for(0, m_blocks * n_blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t mi = item % m_blocks, ni = item / m_blocks;
+      fn(mi * mb, std::min(M, (mi + 1) * mb), ni * nb, std::min(N, (ni + 1) * nb));
+    }
+  });
+}
+
+}  // namespace compress_cpu

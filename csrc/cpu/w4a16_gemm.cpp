@@ -1,0 +1,210 @@
+// compress::w4a16_gemm on CPU: x [M, K] (fp32 / bf16 / fp16) @ dequant(int4 W [N, K])^T.
+// Reference: compress/ops/reference.py::w4a16_gemm. Layout notes: csrc/cpu/README.md.
+//
+// Method (as llama.cpp does for Q4 x Q8): activations are quantized to int8 per block
+// of 32 along K (symmetric, round-half-even), the dot products run in integers
+// (u8 nibble x s8 activation -> int32 per block), and per block the int32 sum is scaled
+// by (activation block scale x weight group scale). The zero point is folded out:
+//   y = sum_g s_g * (sum_{b in g} sx_b * dot_b  -  z_g * X_g),  X_g = sum_{b in g} sx_b * sum(q_b)
+// The canonical packing (8 nibbles per int32, k ascending from the low bits) already
+// gives the kernel what it wants: in a 32-byte run covering k0..k0+63, the low nibbles
+// are the even k and the high nibbles the odd k. So the weights are used in place
+// (no repack) and the activations are permuted instead, once per call:
+// chunk c of row m holds [q(k0+0), q(k0+2), ..., q(k0+62) | q(k0+1), ..., q(k0+63)].
+// Group sizes that are not a multiple of 32 take an exact fp32 dequantize path.
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <vector>
+
+#include "cpu/kernel_common.h"
+
+namespace compress_cpu {
+namespace {
+
+constexpr int64_t kBlock = 32;  // activation quantization block along K
+constexpr int64_t kChunk = 64;  // K per inner step (32 bytes of packed weights)
+
+struct W4Args {
+  int64_t M, N, K, G, KC, NG;  // KC: 64-chunks (ceil), NG: groups
+  const uint8_t* w;            // qweight bytes, row stride K / 2
+  const void* s;               // scales [N, NG]
+  ScaleType st;
+  const uint8_t* z;  // zeros [N, NG]
+  const int8_t* xq;  // [M, KC * 64] permuted int8 activations
+  const float* xs;   // [M, KC * 8] lane scales: 4 x sx(block 2c), 4 x sx(block 2c + 1)
+  const float* xg;   // [M, NG] X_g
+  float* y;          // [M, N]
+};
+
+// ---- activation quantization (shared by every ISA so that their numerics agree) ----
+void quantize_activations(const at::Tensor& x, int64_t G, int64_t KC, int8_t* xq, float* xs, float* xg) {
+  const int64_t M = x.size(0), K = x.size(1), NG = K / G;
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    std::vector<float> row(KC * kChunk, 0.f);
+    for (int64_t m = m0; m < m1; ++m) {
+      row_to_float(x, m, row.data());
+      int8_t* q = xq + m * KC * kChunk;
+      float* lane = xs + m * KC * 8;
+      float* gsum = xg + m * NG;
+      std::fill(gsum, gsum + NG, 0.f);
+      std::fill(q, q + KC * kChunk, int8_t(0));
+      std::fill(lane, lane + KC * 8, 0.f);
+      for (int64_t b = 0; b * kBlock < K; ++b) {
+        const float* v = row.data() + b * kBlock;
+        float amax = 0.f;
+        for (int j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(v[j]));
+        const float sx = amax / 127.f;
+        const float inv = amax > 0.f ? 127.f / amax : 0.f;
+        const int64_t c = b / 2, half = b % 2;
+        int32_t qsum = 0;
+        for (int j = 0; j < kBlock; ++j) {
+          const int32_t qi = static_cast<int32_t>(round_half_even(v[j] * inv));
+          qsum += qi;
+          // position of k = 64c + 32 half + j inside the chunk: even k -> low half
+          const int64_t kk = half * kBlock + j;
+          q[c * kChunk + (kk & 1) * 32 + (kk >> 1)] = static_cast<int8_t>(qi);
+        }
+        for (int l = 0; l < 4; ++l) lane[c * 8 + half * 4 + l] = sx;
+        gsum[(b * kBlock) / G] += sx * static_cast<float>(qsum);
+      }
+    }
+  });
+}
+
+// ---- scalar -------------------------------------------------------------------------
+void w4_scalar(const W4Args& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  const int64_t row_bytes = a.K / 2, blocks_per_group = a.G / kBlock;
+  for (int64_t m = m0; m < m1; ++m) {
+    const int8_t* q = a.xq + m * a.KC * kChunk;
+    const float* lane = a.xs + m * a.KC * 8;
+    for (int64_t n = n0; n < n1; ++n) {
+      const uint8_t* w = a.w + n * row_bytes;
+      float acc = 0.f, corr = 0.f;
+      for (int64_t g = 0; g < a.NG; ++g) {
+        const float s = load_scale(a.s, a.st, n * a.NG + g);
+        const float z = static_cast<float>(a.z[n * a.NG + g]);
+        float accg = 0.f;
+        for (int64_t b = g * blocks_per_group; b < (g + 1) * blocks_per_group; ++b) {
+          const int64_t c = b / 2, half = b % 2;
+          const uint8_t* wb = w + b * 16;
+          const int8_t* lo = q + c * kChunk + half * 16;
+          const int8_t* hi = lo + 32;
+          int32_t dot = 0;
+          for (int j = 0; j < 16; ++j) dot += (wb[j] & 0xF) * lo[j] + (wb[j] >> 4) * hi[j];
+          accg += static_cast<float>(dot) * lane[c * 8 + half * 4];
+        }
+        acc += s * accg;
+        corr += s * z * a.xg[m * a.NG + g];
+      }
+      a.y[m * a.N + n] = acc - corr;
+    }
+  }
+}
+
+// ---- AVX2 ---------------------------------------------------------------------------
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+namespace avx2 {
+#define W4_VNNI 0
+#include "cpu/w4a16_tile.inc"
+#undef W4_VNNI
+}  // namespace avx2
+
+void w4_avx2(const W4Args& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  if (a.G == 32) avx2::w4_block_avx<true>(a, m0, m1, n0, n1);
+  else avx2::w4_block_avx<false>(a, m0, m1, n0, n1);
+}
+#pragma GCC pop_options
+
+// ---- AVX-512 VNNI (256-bit vpdpbusd: same tiles, one instruction per half-chunk) ----
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+namespace vnni {
+#define W4_VNNI 1
+#include "cpu/w4a16_tile.inc"
+#undef W4_VNNI
+}  // namespace vnni
+
+void w4_avx512vnni(const W4Args& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  if (a.G == 32) vnni::w4_block_avx<true>(a, m0, m1, n0, n1);
+  else vnni::w4_block_avx<false>(a, m0, m1, n0, n1);
+}
+#pragma GCC pop_options
+
+// Exact fallback for group sizes that are not a multiple of 32: dequantize n-blocks to
+// fp32 and multiply with at::mm.
+at::Tensor w4_dequant_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                         const at::Tensor& zeros, int64_t G) {
+  const int64_t N = qweight.size(0), K = x.size(1), NG = K / G;
+  at::Tensor xf = x.to(at::kFloat);
+  at::Tensor out = at::empty({x.size(0), N}, xf.options());
+  const at::Tensor sf = scales.to(at::kFloat).contiguous();
+  const uint8_t* w = reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>());
+  const uint8_t* z = zeros.data_ptr<uint8_t>();
+  const float* s = sf.data_ptr<float>();
+  const int64_t nb = std::max<int64_t>(1, (4 << 20) / (K * 4));
+  at::Tensor wf = at::empty({std::min(nb, N), K}, xf.options());
+  for (int64_t n0 = 0; n0 < N; n0 += nb) {
+    const int64_t n1 = std::min(N, n0 + nb);
+    float* dst = wf.data_ptr<float>();
+    at::parallel_for(n0, n1, 1, [&](int64_t b, int64_t e) {
+      for (int64_t n = b; n < e; ++n)
+        for (int64_t k = 0; k < K; ++k) {
+          const uint8_t byte = w[n * K / 2 + k / 2];
+          const int u = (k & 1) ? (byte >> 4) : (byte & 0xF);
+          const int64_t g = n * NG + k / G;
+          dst[(n - n0) * K + k] = (static_cast<float>(u) - static_cast<float>(z[g])) * s[g];
+        }
+    });
+    out.narrow(1, n0, n1 - n0).copy_(at::mm(xf, wf.narrow(0, 0, n1 - n0).t()));
+  }
+  return out;
+}
+
+}  // namespace
+
+at::Tensor w4a16_gemm(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::Tensor& scales_in,
+                      const at::Tensor& zeros_in, int64_t group_size) {
+  TORCH_CHECK(x_in.dim() == 2, "w4a16_gemm: x must be 2-D [M, K], got ", x_in.sizes());
+  TORCH_CHECK(qweight_in.dim() == 2 && qweight_in.scalar_type() == at::kInt, "w4a16_gemm: qweight must be int32 [N, K/8]");
+  const int64_t M = x_in.size(0), K = x_in.size(1), N = qweight_in.size(0), G = group_size;
+  TORCH_CHECK(qweight_in.size(1) * 8 == K, "w4a16_gemm: qweight [N, K/8] does not match K=", K);
+  TORCH_CHECK(G > 0 && K % G == 0, "w4a16_gemm: group_size ", G, " must divide K=", K);
+  const int64_t NG = K / G;
+  TORCH_CHECK(scales_in.numel() == N * NG && zeros_in.numel() == N * NG, "w4a16_gemm: scales/zeros must be [N, K/group_size]");
+  const at::Tensor x = x_in.contiguous(), qweight = qweight_in.contiguous();
+  const at::Tensor scales = scales_in.contiguous();
+  const at::Tensor zeros = zeros_in.scalar_type() == at::kByte ? zeros_in.contiguous() : zeros_in.to(at::kByte).contiguous();
+  if (M == 0 || N == 0) return at::zeros({M, N}, x.options());
+  if (G % kBlock != 0) return w4_dequant_mm(x, qweight, scales, zeros, G).to(x.scalar_type());
+
+  const int64_t KC = ceil_div(K, kChunk);
+  at::Tensor xq = at::empty({M, KC * kChunk}, x.options().dtype(at::kChar));
+  at::Tensor xs = at::empty({M, KC * 8}, x.options().dtype(at::kFloat));
+  at::Tensor xg = at::empty({M, NG}, x.options().dtype(at::kFloat));
+  quantize_activations(x, G, KC, xq.data_ptr<int8_t>(), xs.data_ptr<float>(), xg.data_ptr<float>());
+
+  at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
+  W4Args a{M, N, K, G, KC, NG,
+           reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>()),
+           scales.data_ptr(), scale_type_of(scales), zeros.data_ptr<uint8_t>(),
+           xq.data_ptr<int8_t>(), xs.data_ptr<float>(), xg.data_ptr<float>(), y.data_ptr<float>()};
+  void (*kernel)(const W4Args&, int64_t, int64_t, int64_t, int64_t) = w4_scalar;
+  switch (active_isa()) {
+    case Isa::Avx512Vnni: kernel = w4_avx512vnni; break;
+    case Isa::Avx2: kernel = w4_avx2; break;
+    default: break;
+  }
+  // n-blocks of ~128 KiB of packed weights (L2), m-blocks of 64 rows.
+  const int64_t nb = std::max<int64_t>(8, ((128 << 10) / std::max<int64_t>(1, K / 2)) / 8 * 8);
+  parallel_tiles(M, N, 64, nb, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) { kernel(a, m0, m1, n0, n1); });
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
+}  // namespace compress_cpu
+
+TORCH_LIBRARY_IMPL(compress, CPU, m) { m.impl("w4a16_gemm", &compress_cpu::w4a16_gemm); }

@@ -1,0 +1,16 @@
+// compress::w8a8_gemm on CPU: per-token dynamic int8 activations x per-channel int8
+// weights, int32 accumulation, fp32 epilogue. Reference: reference.py::w8a8_gemm.
+// The kernel core (quantization, scalar / AVX2 / AVX-512 VNNI tiles) is w8a8_kernel.h.
+#include <torch/library.h>
+
+#include "cpu/w8a8_kernel.h"
+
+namespace compress_cpu {
+
+at::Tensor w8a8_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& weight_scale) {
+  return w8::run(x, qweight, weight_scale, nullptr, nullptr, "w8a8_gemm");
+}
+
+}  // namespace compress_cpu
+
+TORCH_LIBRARY_IMPL(compress, CPU, m) { m.impl("w8a8_gemm", &compress_cpu::w8a8_gemm); }

@@ -1,0 +1,17 @@
+// Shared core of compress::w8a8_gemm and compress::w8a8_outlier_gemm (CPU); the
+// implementation and its notes are in w8a8_kernel.cpp.
+#pragma once
+
+#include "cpu/kernel_common.h"
+
+namespace compress_cpu {
+namespace w8 {
+
+// Quantizes x per token (outlier columns gathered and zeroed when outlier_idx is given),
+// runs the int8 tiles over the intra-op pool, adds the fp32 outlier products in the
+// same pass, and returns [M, N] in x's dtype.
+at::Tensor run(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& weight_scale,
+               const at::Tensor* outlier_idx, const at::Tensor* outlier_weight, const char* op);
+
+}  // namespace w8
+}  // namespace compress_cpu

@@ -1,0 +1,19 @@
+// compress::w8a8_outlier_gemm on CPU: LLM.int8() decomposition fused into one pass.
+// The outlier columns are gathered (and zeroed) while the activations are quantized,
+// and each output's fp32 outlier dot product (C values of x against the [N, C]
+// unquantized weight columns) is added in the int8 tile's epilogue, so the int8 weight
+// matrix is read once. Reference: reference.py::w8a8_outlier_gemm.
+#include <torch/library.h>
+
+#include "cpu/w8a8_kernel.h"
+
+namespace compress_cpu {
+
+at::Tensor w8a8_outlier_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& weight_scale,
+                             const at::Tensor& outlier_idx, const at::Tensor& outlier_weight) {
+  return w8::run(x, qweight, weight_scale, &outlier_idx, &outlier_weight, "w8a8_outlier_gemm");
+}
+
+}  // namespace compress_cpu
+
+TORCH_LIBRARY_IMPL(compress, CPU, m) { m.impl("w8a8_outlier_gemm", &compress_cpu::w8a8_outlier_gemm); }

@@ -1,0 +1,38 @@
+"""`compress bench` wiring: the parser registers, and a tiny kernels sweep writes the
+documented JSON records (speed itself is never asserted in tests)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+import compress.ops as ops
+from compress.bench import add_bench_parser, kernels
+
+
+def _parser():
+    p = argparse.ArgumentParser()
+    add_bench_parser(p.add_subparsers(dest="command"))
+    return p
+
+
+def test_parser_registers_kernels_and_model():
+    p = _parser()
+    a = p.parse_args(["bench", "kernels", "--shapes", "64x128", "--m", "1", "--json", "x.json"])
+    assert a.func is kernels.main and a.shapes == ["64x128"] and a.m == [1]
+    a = p.parse_args(["bench", "model", "ckpt", "--batch", "1", "--engines", "compress"])
+    assert a.paths == ["ckpt"] and a.batch == [1]
+
+
+@pytest.mark.skipif(not ops.native_available("cpu"), reason="compress._C not built")
+def test_kernels_bench_tiny_sweep(tmp_path):
+    out = tmp_path / "k.json"
+    a = _parser().parse_args(["bench", "kernels", "--shapes", "64x256", "--m", "1", "3", "--impl", "compress",
+                              "torch", "--reps", "3", "--bandwidth-mib", "8", "--json", str(out)])
+    assert a.func(a) == 0
+    data = json.loads(out.read_text())
+    assert data["bandwidth"]["best_gbps"] > 0
+    rec = data["records"][0]
+    assert {"op", "implementation", "M", "N", "K", "median_s", "gbps", "gflops"} <= set(rec)
+    assert {r["M"] for r in data["records"]} == {1, 3}
