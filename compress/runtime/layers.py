@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from compress.ops import get_op
+from compress.ops import get_op, native_available
 
 
 class DenseLinear(nn.Module):
@@ -67,6 +67,7 @@ class Int4Linear(_OpLinear):
         self.register_buffer("scales", scales)
         self.register_buffer("zeros", zeros)
         self.group_size = group_size
+        self.cuda_layout = None
 
     def prepare(self, backend: str = "native") -> None:
         # The CPU kernel runs on the canonical packing as stored (its activations are
@@ -76,8 +77,19 @@ class Int4Linear(_OpLinear):
         self.qweight = self.qweight.contiguous()
         self.scales = self.scales.contiguous()
         self.zeros = self.zeros.to(torch.uint8).contiguous()
+        # On CUDA the tensor-core kernel wants the weights in mma fragment order: shuffle
+        # once at load time (kept beside the canonical tensors, never saved).
+        self.cuda_layout = None
+        if (backend == "native" and self.qweight.is_cuda and native_available("cuda")
+                and self.group_size % 16 == 0):
+            self.cuda_layout = torch.ops.compress.w4a16_shuffle_for_cuda(
+                self.qweight, self.scales, self.zeros, self.group_size)
 
     def gemm(self, x2d):
+        if self.cuda_layout is not None and x2d.dtype in (torch.float16, torch.bfloat16):
+            qs, st, zt = self.cuda_layout
+            return torch.ops.compress.w4a16_gemm_shuffled(x2d, qs, st.to(x2d.dtype), zt,
+                                                          self.group_size, self.out_features)
         return get_op(self.op_name, self.backend)(x2d, self.qweight, self.scales, self.zeros, self.group_size)
 
 

