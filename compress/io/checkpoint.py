@@ -172,14 +172,20 @@ def _load_tensors(f: Path) -> dict[str, torch.Tensor]:
 
 # ---------------------------------------------------------------- config
 
-def load_config(path: Path):
+def read_config_json(path: Path) -> dict:
+    """The raw config.json of a model directory; clear errors when missing or invalid."""
     cfile = path / "config.json"
     if not cfile.is_file():
         raise CheckpointError(f"{path}: no config.json (not a Hugging Face model directory)")
     try:
-        raw = json.loads(cfile.read_text(encoding="utf-8"))
+        return json.loads(cfile.read_text(encoding="utf-8"))
     except ValueError as e:
         raise CheckpointError(f"{cfile}: invalid JSON ({e})") from None
+
+
+def load_config(path: Path):
+    cfile = path / "config.json"
+    raw = read_config_json(path)
     _check_quantization_config(raw.get("quantization_config"), cfile)
     from transformers import AutoConfig
     try:

@@ -15,13 +15,12 @@ model gives 16.0 for both; group-128 int4 with fp16 scales gives 4.125 (sym) or
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import torch
 
-from compress.io.checkpoint import (CheckpointError, find_weight_files, read_manifest,
+from compress.io.checkpoint import (find_weight_files, read_config_json, read_manifest,
                                     read_safetensors_header, resolve_model_path, verify_files)
 from compress.io.formats import group_tensor_names
 
@@ -45,13 +44,7 @@ def _nbytes(dtype: str, shape) -> int:
 def inspect_checkpoint(path: str | os.PathLike, verify: bool = True) -> dict:
     """A JSON-serializable description of the checkpoint at ``path`` (see module doc)."""
     path = resolve_model_path(path)
-    cfile = path / "config.json"
-    if not cfile.is_file():
-        raise CheckpointError(f"{path}: no config.json (not a Hugging Face model directory)")
-    try:
-        config = json.loads(cfile.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise CheckpointError(f"{cfile}: invalid JSON ({e})") from None
+    config = read_config_json(path)
     manifest = read_manifest(path)
     weight_files, _ = find_weight_files(path)
     header: dict[str, tuple[str, list[int]]] = {}
