@@ -63,6 +63,14 @@ def test_run_writes_report_with_every_stage_and_is_reproducible(recipe, tmp_path
     assert main(["generate", str(out / "rtn-int4"), "--prompt", "Return a", "--max-tokens", "5"]) == 0
     assert capsys.readouterr().out.startswith("Return a")
 
+    # compress eval on the export against the base: same KL as the report's
+    rec_file = tmp_path / "eval.json"
+    assert main(["eval", str(out / "rtn-int4"), "--base", base["path"], "--text", str(recipe.parent / "eval.txt"),
+                 "--seq-len", "64", "--tasks", "--no-speed", "--json", str(rec_file)]) == 0
+    base_rec, int4_rec = json.loads(rec_file.read_text())
+    assert base_rec["kl_to_base"] == 0 and int4_rec["kl_to_base"] > 0
+    assert "rtn-int4" in capsys.readouterr().out
+
 
 def test_dry_run_and_errors(recipe, tmp_path, capsys):
     assert main(["run", str(recipe), "--dry-run"]) == 0
