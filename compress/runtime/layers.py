@@ -117,12 +117,14 @@ class Int8OutlierLinear(_OpLinear):
     scheme = "llm_int8"
     op_name = "w8a8_outlier_gemm"
 
-    def __init__(self, qweight, weight_scale, outlier_idx, outlier_weight, bias=None):
+    def __init__(self, qweight, weight_scale, outlier_idx, outlier_weight, bias=None,
+                 threshold: float | None = None):
         super().__init__(qweight.shape[0], qweight.shape[1], bias)
         self.register_buffer("qweight", qweight)
         self.register_buffer("weight_scale", weight_scale)
         self.register_buffer("outlier_idx", outlier_idx)
         self.register_buffer("outlier_weight", outlier_weight)
+        self.threshold = threshold  # spike guard; None: the calibrated set only
 
     def prepare(self, backend: str = "native") -> None:
         super().prepare(backend)
@@ -132,8 +134,21 @@ class Int8OutlierLinear(_OpLinear):
         self.outlier_weight = self.outlier_weight.contiguous()
 
     def gemm(self, x2d):
-        return get_op(self.op_name, self.backend)(
-            x2d, self.qweight, self.weight_scale, self.outlier_idx, self.outlier_weight)
+        op = get_op(self.op_name, self.backend)
+        if self.threshold is not None:
+            # Spike guard: a column outside the calibrated set that reaches the threshold in
+            # this batch leaves the int8 path (it would blow up the per-token scale) and is
+            # computed in float against its dequantized int8 weight (the bitsandbytes rule).
+            col_max = x2d.abs().amax(dim=0)
+            col_max[self.outlier_idx] = 0
+            extra = torch.nonzero(col_max >= self.threshold).flatten()
+            if extra.numel():
+                x_rest = x2d.clone()
+                x_rest[:, extra] = 0
+                w_extra = self.qweight[:, extra].to(torch.float32) * self.weight_scale.to(torch.float32).unsqueeze(1)
+                y = op(x_rest, self.qweight, self.weight_scale, self.outlier_idx, self.outlier_weight)
+                return (y.to(torch.float32) + x2d[:, extra].to(torch.float32) @ w_extra.t()).to(x2d.dtype)
+        return op(x2d, self.qweight, self.weight_scale, self.outlier_idx, self.outlier_weight)
 
 
 LAYER_CLASSES = {cls.scheme: cls for cls in (DenseLinear, Int4Linear, Int8Linear, Int8OutlierLinear)}
