@@ -85,10 +85,6 @@ def load_calibration_ids(files: list[str], tokenizer, samples: int, seq_len: int
     return torch.stack([stream[s:s + seq_len] for s in starts.tolist()])
 
 
-def get_module(model: nn.Module, path: str) -> nn.Module:
-    return model.get_submodule(path)
-
-
 class _StopForward(Exception):
     pass
 
@@ -107,7 +103,7 @@ def _block_output(out):
 def capture_first_block_inputs(model: nn.Module, arch: ArchSpec, input_ids: torch.Tensor,
                                batch_size: int = 8) -> BlockInputs:
     """Run the embedding only, catching what the first decoder block receives."""
-    blocks = get_module(model, arch.layers)
+    blocks = model.get_submodule(arch.layers)
     first = blocks[0]
     hidden, kwargs_seen = [], {}
 
@@ -154,7 +150,7 @@ def iterate_blocks(model: nn.Module, arch: ArchSpec, input_ids: torch.Tensor,
     """
     inputs = capture_first_block_inputs(model, arch, input_ids, batch_size)
     _check_finite(inputs.hidden, "at the input of block 0")
-    blocks = get_module(model, arch.layers)
+    blocks = model.get_submodule(arch.layers)
     for index, block in enumerate(blocks):
         yield index, block, inputs
         outputs = run_block(block, inputs)

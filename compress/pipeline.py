@@ -49,8 +49,7 @@ def compress_stages(recipe: Recipe, output: Path, progress: bool = True, log=pri
 
     seed_everything(recipe.seed)
     model, tokenizer, arch, model_dir = load_model_for_compression(
-        recipe.resolve(recipe.model.path) if Path(recipe.resolve(recipe.model.path)).exists() else recipe.model.path,
-        recipe.model.dtype, recipe.model.trust_remote_code)
+        recipe.model_location, recipe.model.dtype, recipe.model.trust_remote_code)
     log(f"loaded {model_dir} ({arch.model_type}, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters)")
 
     calib_cache: dict[str, torch.Tensor] = {}

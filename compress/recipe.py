@@ -81,14 +81,19 @@ class Recipe:
         return str(q if q.is_absolute() else (self.path.parent / q).resolve())
 
     @property
+    def model_location(self) -> str:
+        """The model as a recipe-relative directory when it exists there, else as given (a hub id)."""
+        local = self.resolve(self.model.path)
+        return local if Path(local).exists() else self.model.path
+
+    @property
     def needs_calibration(self) -> bool:
         return any(get_method(s.method).needs_calibration for st in self.stages for s in st.steps)
 
     def resolved_yaml(self) -> str:
         """The recipe with every default filled in, as saved next to each export."""
         model, calib, ev = to_dict(self.model), to_dict(self.calibration), to_dict(self.eval)
-        if Path(self.resolve(model["path"])).exists():
-            model["path"] = self.resolve(model["path"])
+        model["path"] = self.model_location
         calib["files"] = [self.resolve(f) for f in calib["files"]]
         for key in ("perplexity", "kl"):
             if ev[key]:

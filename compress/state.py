@@ -12,18 +12,6 @@ from compress.architectures import ArchSpec
 from compress.io.schemes import QuantizedWeight
 
 
-def dequantize(qw: QuantizedWeight) -> torch.Tensor:
-    """Float32 dense weight equivalent to a QuantizedWeight (what the runtime computes)."""
-    from compress.ops import reference as ref
-    t = qw.tensors
-    if qw.scheme == "w4a16":
-        return ref.dequantize_int4(t["qweight"], t["scales"], t["zeros"], qw.meta["group_size"])
-    w = t["qweight"].to(torch.float32) * t["weight_scale"].to(torch.float32).unsqueeze(1)
-    if qw.scheme == "llm_int8":
-        w[:, t["outlier_idx"].long()] = t["outlier_weight"].to(torch.float32)
-    return w
-
-
 @dataclass
 class CompressionState:
     model: nn.Module                    # a transformers *ForCausalLM, float
@@ -37,7 +25,7 @@ class CompressionState:
         dequantized one, so later steps and evaluations see the quantized function."""
         self.quantized[name] = qw
         with torch.no_grad():
-            module.weight.copy_(dequantize(qw).to(module.weight.dtype))
+            module.weight.copy_(qw.dequantize().to(module.weight.dtype))
 
 
 @dataclass

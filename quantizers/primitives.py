@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from compress.ops.reference import dequantize_int4, pack_int4
+from compress.ops.reference import pack_int4
 
 INT4_LEVELS = 15  # unsigned 0..15
 
@@ -61,32 +61,30 @@ def int4_group_params(weight: torch.Tensor, group_size: int, symmetric: bool = F
     return scales, zeros.to(torch.uint8)
 
 
+def _int4_codes(weight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Unsigned int4 codes ``[N, K/g, g]`` (float) for the given group scales and zeros."""
+    n, k = weight.shape
+    g = weight.to(torch.float32).reshape(n, k // group_size, group_size)
+    u = torch.round(g / scales.to(torch.float32).unsqueeze(-1)) + zeros.to(torch.float32).unsqueeze(-1)
+    return u.clamp_(0, INT4_LEVELS)
+
+
 def quantize_int4_groupwise(weight: torch.Tensor, group_size: int = 128, symmetric: bool = False,
                             clip_ratio: torch.Tensor | float = 1.0,
                             scale_dtype: torch.dtype = torch.float32):
     """Groupwise int4: returns (qweight int32 [N, K/8], scales [N, K/g], zeros uint8 [N, K/g])."""
-    n, k = weight.shape
     scales, zeros = int4_group_params(weight, group_size, symmetric, clip_ratio)
     scales = scales.to(scale_dtype)
-    g = weight.to(torch.float32).reshape(n, k // group_size, group_size)
-    u = torch.round(g / scales.to(torch.float32).unsqueeze(-1)) + zeros.to(torch.float32).unsqueeze(-1)
-    u = u.clamp_(0, INT4_LEVELS).to(torch.uint8).reshape(n, k)
+    u = _int4_codes(weight, scales, zeros, group_size).to(torch.uint8).reshape(weight.shape)
     return pack_int4(u), scales, zeros
 
 
 def fake_quantize_int4(weight: torch.Tensor, group_size: int = 128, symmetric: bool = False,
                        clip_ratio: torch.Tensor | float = 1.0) -> torch.Tensor:
     """Quantize then dequantize (float32), for error measurement and searches."""
-    n, k = weight.shape
     scales, zeros = int4_group_params(weight, group_size, symmetric, clip_ratio)
-    g = weight.to(torch.float32).reshape(n, k // group_size, group_size)
-    z = zeros.to(torch.float32).unsqueeze(-1)
-    u = (torch.round(g / scales.unsqueeze(-1)) + z).clamp_(0, INT4_LEVELS)
-    return ((u - z) * scales.unsqueeze(-1)).reshape(n, k)
-
-
-def dequantize_int4_groupwise(qweight, scales, zeros, group_size) -> torch.Tensor:
-    return dequantize_int4(qweight, scales, zeros, group_size, torch.float32)
+    u = _int4_codes(weight, scales, zeros, group_size)
+    return ((u - zeros.to(torch.float32).unsqueeze(-1)) * scales.unsqueeze(-1)).reshape(weight.shape)
 
 
 def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:

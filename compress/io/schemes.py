@@ -27,6 +27,18 @@ class QuantizedWeight:
         if self.scheme not in SCHEMES:
             raise ValueError(f"unknown weight scheme {self.scheme!r}; known: {SCHEMES}")
 
+    def dequantize(self) -> torch.Tensor:
+        """The float32 dense weight this layer computes with (what the runtime runs)."""
+        from compress.ops.reference import dequantize_int4
+
+        t = self.tensors
+        if self.scheme == "w4a16":
+            return dequantize_int4(t["qweight"], t["scales"], t["zeros"], self.meta["group_size"])
+        w = t["qweight"].to(torch.float32) * t["weight_scale"].to(torch.float32).unsqueeze(1)
+        if self.scheme == "llm_int8":
+            w[:, t["outlier_idx"].long()] = t["outlier_weight"].to(torch.float32)
+        return w
+
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())

@@ -10,7 +10,6 @@ from compress.errors import StepError
 from compress.io.checkpoint import load_checkpoint
 from compress.pipeline import compress_stages
 from compress.recipe import load_recipe
-from compress.state import dequantize
 
 
 def recipe_file(tmp_path: Path, model_dir: Path, stages, **extra) -> Path:
@@ -43,10 +42,10 @@ def test_rtn_stages_export_and_reload(tmp_path, tiny_llama_dir):
     assert chained.quantized["model.layers.0.mlp.down_proj"].scheme == "w4a16"
     # the chained stage starts from int4's weights, not the base's
     for name in ("model.layers.1.self_attn.q_proj",):
-        torch.testing.assert_close(dequantize(chained.quantized[name]), dequantize(int4.quantized[name]))
+        torch.testing.assert_close(chained.quantized[name].dequantize(), int4.quantized[name].dequantize())
     # the export's weights are the quantized base, and the resolved recipe travels with it
     w = base.get_submodule("model.layers.0.mlp.up_proj").weight
-    err = (dequantize(int8.quantized["model.layers.0.mlp.up_proj"]) - w).abs().max()
+    err = (int8.quantized["model.layers.0.mlp.up_proj"].dequantize() - w).abs().max()
     assert 0 < err <= w.abs().max() / 127
     saved = yaml.safe_load((tmp_path / "out" / "int8" / "recipe.yaml").read_text())
     assert saved["stages"][0]["steps"][0]["bits"] == 8

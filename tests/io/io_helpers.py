@@ -56,13 +56,7 @@ def llm_int8_rtn(w, n_outliers: int = 3, threshold: float = 6.0):
 
 
 def dequantize(qw: QuantizedWeight) -> torch.Tensor:
-    t = qw.tensors
-    if qw.scheme == "w4a16":
-        return dequantize_int4(t["qweight"], t["scales"], t["zeros"], qw.meta["group_size"])
-    w = t["qweight"].float() * t["weight_scale"].float().unsqueeze(-1)
-    if qw.scheme == "llm_int8":
-        w[:, t["outlier_idx"]] = t["outlier_weight"].float()
-    return w
+    return qw.dequantize()
 
 
 def split_model(state_dict: dict, schemes: dict[str, object]):

@@ -6,7 +6,6 @@ import torch
 from compress.architectures import get_arch
 from compress.config import ConfigError, from_dict
 from compress.ops import reference as ref
-from compress.state import dequantize
 from quantizers import primitives
 from quantizers.llm_int8 import LLMInt8Config, apply_llm_int8
 from quantizers.outliers import (column_absmax, find_outlier_columns, quantize_llm_int8,
@@ -46,7 +45,7 @@ def test_decomposition_close_to_float_while_w8a8_is_not():
     # int8 part is the bitsandbytes CB/SCB pair: whole-row scales
     assert torch.equal(t["qweight"], q8) and torch.equal(t["weight_scale"], s8)
     # the state's dequantized weight holds the outlier columns exactly
-    assert torch.equal(dequantize(qw)[:, PLANTED], w[:, PLANTED])
+    assert torch.equal(qw.dequantize()[:, PLANTED], w[:, PLANTED])
 
 
 def test_spike_outside_static_set_is_caught_by_guard():
