@@ -159,6 +159,18 @@ class W4A16Codec(SchemeCodec):
         return QuantizedWeight("w4a16", {"qweight": packed, "scales": scales, "zeros": zeros}, m)
 
 
+def _int8_rows(local, scale_name: str, where: str, scheme: str):
+    """An int8 2-D ``weight`` and its one-value-per-row scale tensor, checked."""
+    w = _need(local, "weight", where)
+    s = _need(local, scale_name, where)
+    if w.dtype != torch.int8 or w.dim() != 2:
+        raise CheckpointFormatError(f"'{where}.weight' must be int8 2-D for {scheme}, got {w.dtype} {tuple(w.shape)}")
+    if s.numel() != w.shape[0]:
+        raise CheckpointFormatError(f"'{where}.{scale_name}' has {s.numel()} values; "
+                                    f"the weight has {w.shape[0]} rows (one scale per row)")
+    return w, s
+
+
 class W8A8Codec(SchemeCodec):
     def encode(self, qw):
         t = qw.tensors
@@ -166,13 +178,7 @@ class W8A8Codec(SchemeCodec):
                 "weight_scale": t["weight_scale"].reshape(-1, 1).contiguous()}
 
     def decode(self, local, meta, where):
-        w = _need(local, "weight", where)
-        s = _need(local, "weight_scale", where)
-        if w.dtype != torch.int8 or w.dim() != 2:
-            raise CheckpointFormatError(f"'{where}.weight' must be int8 2-D for w8a8, got {w.dtype} {tuple(w.shape)}")
-        if s.numel() != w.shape[0]:
-            raise CheckpointFormatError(
-                f"'{where}.weight_scale' has {s.numel()} values; per-channel w8a8 needs {w.shape[0]}")
+        w, s = _int8_rows(local, "weight_scale", where, "w8a8")
         return QuantizedWeight("w8a8", {"qweight": w, "weight_scale": s.reshape(-1).to(torch.float32)},
                                dict(meta or {}))
 
@@ -190,12 +196,7 @@ class LLMInt8Codec(SchemeCodec):
         }
 
     def decode(self, local, meta, where):
-        w = _need(local, "weight", where)
-        scb = _need(local, "SCB", where)
-        if w.dtype != torch.int8 or w.dim() != 2:
-            raise CheckpointFormatError(f"'{where}.weight' must be int8 2-D for llm_int8, got {w.dtype}")
-        if scb.numel() != w.shape[0]:
-            raise CheckpointFormatError(f"'{where}.SCB' has {scb.numel()} values, weight has {w.shape[0]} rows")
+        w, scb = _int8_rows(local, "SCB", where, "llm_int8")
         if "weight_format" in local and int(local["weight_format"].reshape(-1)[0]) != 0:
             raise CheckpointFormatError(f"'{where}.weight_format' is not 0 (row-major); only 'row' is supported")
         if ("outlier_idx" in local) != ("outlier_weight" in local):
