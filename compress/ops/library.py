@@ -15,19 +15,30 @@ NAMESPACE = "compress"
 
 SCHEMAS = {
     "w4a16_gemm": "w4a16_gemm(Tensor x, Tensor qweight, Tensor scales, Tensor zeros, int group_size) -> Tensor",
+    # the same product on the CPU kernel's load-time scales (reference.w4a16_prepare_cpu)
+    "w4a16_gemm_prepared": ("w4a16_gemm_prepared(Tensor x, Tensor qweight, Tensor scale, "
+                            "Tensor scaled_zero, int group_size) -> Tensor"),
     "w8a8_gemm": "w8a8_gemm(Tensor x, Tensor qweight, Tensor weight_scale) -> Tensor",
     "w8a8_outlier_gemm": ("w8a8_outlier_gemm(Tensor x, Tensor qweight, Tensor weight_scale, "
                           "Tensor outlier_idx, Tensor outlier_weight) -> Tensor"),
     "quantize_per_token_int8": "quantize_per_token_int8(Tensor x) -> (Tensor, Tensor)",
+    # the runtime's hot-path helpers (a decode step is dispatch-bound without them)
+    "rms_norm": "rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
+    "add_rms_norm": "add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)",
+    "decode_attention": "decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask) -> Tensor",
     # helper for the benchmarks: a pure streaming read (DRAM bandwidth probe)
     "stream_read_sum": "stream_read_sum(Tensor buf) -> Tensor",
 }
 
 REFERENCES = {
     "w4a16_gemm": reference.w4a16_gemm,
+    "w4a16_gemm_prepared": reference.w4a16_gemm_prepared,
     "w8a8_gemm": reference.w8a8_gemm,
     "w8a8_outlier_gemm": reference.w8a8_outlier_gemm,
     "quantize_per_token_int8": reference.quantize_per_token_int8,
+    "rms_norm": reference.rms_norm,
+    "add_rms_norm": reference.add_rms_norm,
+    "decode_attention": reference.decode_attention,
     "stream_read_sum": reference.stream_read_sum,
 }
 
@@ -41,15 +52,31 @@ def _fake_quantize_per_token_int8(x):
             x.new_empty((x.shape[0],), dtype=torch.float32))
 
 
+def _fake_rms_norm(x, weight, eps):
+    return torch.empty_like(x)
+
+
+def _fake_add_rms_norm(x, residual, weight, eps):
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+def _fake_decode_attention(q, k, v, mask=None):
+    return q.new_empty((q.shape[0], q.shape[1] * q.shape[2]))
+
+
 def _fake_stream_read_sum(buf):
     return buf.new_empty((), dtype=torch.int64)
 
 
 FAKES = {
     "w4a16_gemm": _fake_gemm,
+    "w4a16_gemm_prepared": _fake_gemm,
     "w8a8_gemm": _fake_gemm,
     "w8a8_outlier_gemm": _fake_gemm,
     "quantize_per_token_int8": _fake_quantize_per_token_int8,
+    "rms_norm": _fake_rms_norm,
+    "add_rms_norm": _fake_add_rms_norm,
+    "decode_attention": _fake_decode_attention,
     "stream_read_sum": _fake_stream_read_sum,
 }
 

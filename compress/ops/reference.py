@@ -57,6 +57,22 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     return (x.to(torch.float32) @ w.t()).to(x.dtype)
 
 
+def w4a16_prepare_cpu(scales: torch.Tensor, zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Load-time form of the int4 scales for the CPU kernel: fp32 ``(scale, scale * zero)``,
+    both ``[N, K // group_size]``, so that ``w = u * scale - scaled_zero``."""
+    scale = scales.to(torch.float32).contiguous()
+    return scale, (scale * zeros.to(torch.float32)).contiguous()
+
+
+def w4a16_gemm_prepared(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
+                        scaled_zero: torch.Tensor, group_size: int) -> torch.Tensor:
+    """:func:`w4a16_gemm` on :func:`w4a16_prepare_cpu`'s scales: ``w = u * scale - scaled_zero``."""
+    u = unpack_int4(qweight).to(torch.float32)
+    n, k = u.shape
+    w = u.reshape(n, k // group_size, group_size) * scale.unsqueeze(-1) - scaled_zero.unsqueeze(-1)
+    return (x.to(torch.float32) @ w.reshape(n, k).t()).to(x.dtype)
+
+
 def quantize_per_token_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-row int8: ``x ≈ q * scale[:, None]``; returns (int8 [M,K], fp32 [M])."""
     xf = x.to(torch.float32)
@@ -149,6 +165,31 @@ def w4a16_gemm_shuffled(x: torch.Tensor, qweight_shuffled: torch.Tensor, scales_
     """:func:`w4a16_gemm` on the CUDA fragment-order layout; ``n`` = out features."""
     qweight, scales, zeros = w4a16_unshuffle_cuda(qweight_shuffled, scales_t, zeros_t, n, x.shape[1], group_size)
     return w4a16_gemm(x, qweight, scales, zeros, group_size)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``weight * (x / rms(x))``: normalised in fp32, rounded to x's dtype, then scaled."""
+    xf = x.to(torch.float32)
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rms_norm(x + residual), x + residual)``: a block's residual add and the next norm."""
+    h = x + residual
+    return rms_norm(h, weight, eps), h
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     mask: torch.Tensor | None = None) -> torch.Tensor:
+    """One query per row: ``q [B, Hq, D]`` over ``k, v [B, Hkv, S, D]`` (query head h reads
+    kv head ``h // (Hq / Hkv)``), ``mask [B|1, S]`` True where a key may be attended;
+    scaled by ``1/sqrt(D)``. Returns ``[B, Hq * D]``. Every row must see at least one key."""
+    b, hq, d = q.shape
+    am = None if mask is None else mask.to(torch.bool)[:, None, None, :]
+    y = torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=am,
+                                                         enable_gqa=hq != k.shape[1])
+    return y.reshape(b, hq * d)
 
 
 def stream_read_sum(buf: torch.Tensor) -> torch.Tensor:

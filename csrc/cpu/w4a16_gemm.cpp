@@ -30,9 +30,8 @@ constexpr int64_t kChunk = 64;  // K per inner step (32 bytes of packed weights)
 struct W4Args {
   int64_t M, N, K, G, KC, NG;  // KC: 64-chunks (ceil), NG: groups
   const uint8_t* w;            // qweight bytes, row stride K / 2
-  const void* s;               // scales [N, NG]
-  ScaleType st;
-  const uint8_t* z;  // zeros [N, NG]
+  const float* s;              // scales fp32 [N, NG]
+  const float* sz;             // scaled zero points s * z, fp32 [N, NG]
   const int8_t* xq;  // [M, KC * 64] permuted int8 activations
   const float* xs;   // [M, KC * 8] lane scales: 4 x sx(block 2c), 4 x sx(block 2c + 1)
   const float* xg;   // [M, NG] X_g
@@ -84,8 +83,6 @@ void w4_scalar(const W4Args& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1) 
       const uint8_t* w = a.w + n * row_bytes;
       float acc = 0.f, corr = 0.f;
       for (int64_t g = 0; g < a.NG; ++g) {
-        const float s = load_scale(a.s, a.st, n * a.NG + g);
-        const float z = static_cast<float>(a.z[n * a.NG + g]);
         float accg = 0.f;
         for (int64_t b = g * blocks_per_group; b < (g + 1) * blocks_per_group; ++b) {
           const int64_t c = b / 2, half = b % 2;
@@ -96,8 +93,8 @@ void w4_scalar(const W4Args& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1) 
           for (int j = 0; j < 16; ++j) dot += (wb[j] & 0xF) * lo[j] + (wb[j] >> 4) * hi[j];
           accg += static_cast<float>(dot) * lane[c * 8 + half * 4];
         }
-        acc += s * accg;
-        corr += s * z * a.xg[m * a.NG + g];
+        acc += a.s[n * a.NG + g] * accg;
+        corr += a.sz[n * a.NG + g] * a.xg[m * a.NG + g];
       }
       a.y[m * a.N + n] = acc - corr;
     }
@@ -136,16 +133,13 @@ void w4_avx512vnni(const W4Args& a, int64_t m0, int64_t m1, int64_t n0, int64_t 
 #pragma GCC pop_options
 
 // Exact fallback for group sizes that are not a multiple of 32: dequantize n-blocks to
-// fp32 and multiply with at::mm.
-at::Tensor w4_dequant_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
-                         const at::Tensor& zeros, int64_t G) {
+// fp32 (w = u * s - s * z) and multiply with at::mm.
+at::Tensor w4_dequant_mm(const at::Tensor& x, const at::Tensor& qweight, const float* s, const float* sz,
+                         int64_t G) {
   const int64_t N = qweight.size(0), K = x.size(1), NG = K / G;
   at::Tensor xf = x.to(at::kFloat);
   at::Tensor out = at::empty({x.size(0), N}, xf.options());
-  const at::Tensor sf = scales.to(at::kFloat).contiguous();
   const uint8_t* w = reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>());
-  const uint8_t* z = zeros.data_ptr<uint8_t>();
-  const float* s = sf.data_ptr<float>();
   const int64_t nb = std::max<int64_t>(1, (4 << 20) / (K * 4));
   at::Tensor wf = at::empty({std::min(nb, N), K}, xf.options());
   for (int64_t n0 = 0; n0 < N; n0 += nb) {
@@ -157,7 +151,7 @@ at::Tensor w4_dequant_mm(const at::Tensor& x, const at::Tensor& qweight, const a
           const uint8_t byte = w[n * K / 2 + k / 2];
           const int u = (k & 1) ? (byte >> 4) : (byte & 0xF);
           const int64_t g = n * NG + k / G;
-          dst[(n - n0) * K + k] = (static_cast<float>(u) - static_cast<float>(z[g])) * s[g];
+          dst[(n - n0) * K + k] = static_cast<float>(u) * s[g] - sz[g];
         }
     });
     out.narrow(1, n0, n1 - n0).copy_(at::mm(xf, wf.narrow(0, 0, n1 - n0).t()));
@@ -165,22 +159,15 @@ at::Tensor w4_dequant_mm(const at::Tensor& x, const at::Tensor& qweight, const a
   return out;
 }
 
-}  // namespace
-
-at::Tensor w4a16_gemm(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::Tensor& scales_in,
-                      const at::Tensor& zeros_in, int64_t group_size) {
-  TORCH_CHECK(x_in.dim() == 2, "w4a16_gemm: x must be 2-D [M, K], got ", x_in.sizes());
-  TORCH_CHECK(qweight_in.dim() == 2 && qweight_in.scalar_type() == at::kInt, "w4a16_gemm: qweight must be int32 [N, K/8]");
-  const int64_t M = x_in.size(0), K = x_in.size(1), N = qweight_in.size(0), G = group_size;
-  TORCH_CHECK(qweight_in.size(1) * 8 == K, "w4a16_gemm: qweight [N, K/8] does not match K=", K);
-  TORCH_CHECK(G > 0 && K % G == 0, "w4a16_gemm: group_size ", G, " must divide K=", K);
-  const int64_t NG = K / G;
-  TORCH_CHECK(scales_in.numel() == N * NG && zeros_in.numel() == N * NG, "w4a16_gemm: scales/zeros must be [N, K/group_size]");
+// The shared body of both entry points; `scale` and `scaled_zero` are fp32 [N, NG].
+at::Tensor w4a16_run(const at::Tensor& x_in, const at::Tensor& qweight_in,
+                     const at::Tensor& scale, const at::Tensor& scaled_zero, int64_t G) {
+  const int64_t M = x_in.size(0), K = x_in.size(1), N = qweight_in.size(0), NG = K / G;
   const at::Tensor x = x_in.contiguous(), qweight = qweight_in.contiguous();
-  const at::Tensor scales = scales_in.contiguous();
-  const at::Tensor zeros = zeros_in.scalar_type() == at::kByte ? zeros_in.contiguous() : zeros_in.to(at::kByte).contiguous();
   if (M == 0 || N == 0) return at::zeros({M, N}, x.options());
-  if (G % kBlock != 0) return w4_dequant_mm(x, qweight, scales, zeros, G).to(x.scalar_type());
+  const float* s = scale.data_ptr<float>();
+  const float* sz = scaled_zero.data_ptr<float>();
+  if (G % kBlock != 0) return w4_dequant_mm(x, qweight, s, sz, G).to(x.scalar_type());
 
   const int64_t KC = ceil_div(K, kChunk);
   at::Tensor xq = at::empty({M, KC * kChunk}, x.options().dtype(at::kChar));
@@ -189,9 +176,7 @@ at::Tensor w4a16_gemm(const at::Tensor& x_in, const at::Tensor& qweight_in, cons
   quantize_activations(x, G, KC, xq.data_ptr<int8_t>(), xs.data_ptr<float>(), xg.data_ptr<float>());
 
   at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
-  W4Args a{M, N, K, G, KC, NG,
-           reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>()),
-           scales.data_ptr(), scale_type_of(scales), zeros.data_ptr<uint8_t>(),
+  W4Args a{M, N, K, G, KC, NG, reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>()), s, sz,
            xq.data_ptr<int8_t>(), xs.data_ptr<float>(), xg.data_ptr<float>(), y.data_ptr<float>()};
   void (*kernel)(const W4Args&, int64_t, int64_t, int64_t, int64_t) = w4_scalar;
   switch (active_isa()) {
@@ -199,12 +184,48 @@ at::Tensor w4a16_gemm(const at::Tensor& x_in, const at::Tensor& qweight_in, cons
     case Isa::Avx2: kernel = w4_avx2; break;
     default: break;
   }
-  // n-blocks of ~128 KiB of packed weights (L2), m-blocks of 64 rows.
+    // n-blocks of ~128 KiB of packed weights (L2), m-blocks of 64 rows.
   const int64_t nb = std::max<int64_t>(8, ((128 << 10) / std::max<int64_t>(1, K / 2)) / 8 * 8);
   parallel_tiles(M, N, 64, nb, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) { kernel(a, m0, m1, n0, n1); });
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
+void check_w4_args(const char* op, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                   const at::Tensor& zeros, int64_t G) {
+  TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D [M, K], got ", x.sizes());
+  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kInt, op, ": qweight must be int32 [N, K/8]");
+  const int64_t K = x.size(1), N = qweight.size(0);
+  TORCH_CHECK(qweight.size(1) * 8 == K, op, ": qweight [N, K/8] does not match K=", K);
+  TORCH_CHECK(G > 0 && K % G == 0, op, ": group_size ", G, " must divide K=", K);
+  TORCH_CHECK(scales.numel() == N * (K / G) && zeros.numel() == N * (K / G), op,
+              ": scales/zeros must be [N, K/group_size]");
+}
+
+}  // namespace
+
+// Canonical checkpoint tensors (scales fp32/fp16/bf16, zeros uint8): converted to the
+// kernel's fp32 (scale, scale * zero) per call. The runtime converts once at load time
+// and calls w4a16_gemm_prepared instead.
+at::Tensor w4a16_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                      const at::Tensor& zeros, int64_t group_size) {
+  check_w4_args("w4a16_gemm", x, qweight, scales, zeros, group_size);
+  const at::Tensor sf = scales.to(at::kFloat).contiguous();
+  const at::Tensor szf = (sf * zeros.to(at::kFloat)).contiguous();
+  return w4a16_run(x, qweight, sf, szf, group_size);
+}
+
+at::Tensor w4a16_gemm_prepared(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                               const at::Tensor& scaled_zero, int64_t group_size) {
+  check_w4_args("w4a16_gemm_prepared", x, qweight, scale, scaled_zero, group_size);
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scaled_zero.scalar_type() == at::kFloat &&
+                  scale.is_contiguous() && scaled_zero.is_contiguous(),
+              "w4a16_gemm_prepared: scale and scaled_zero must be contiguous float32 (see w4a16_prepare_cpu)");
+  return w4a16_run(x, qweight, scale, scaled_zero, group_size);
+}
+
 }  // namespace compress_cpu
 
-TORCH_LIBRARY_IMPL(compress, CPU, m) { m.impl("w4a16_gemm", &compress_cpu::w4a16_gemm); }
+TORCH_LIBRARY_IMPL(compress, CPU, m) {
+  m.impl("w4a16_gemm", &compress_cpu::w4a16_gemm);
+  m.impl("w4a16_gemm_prepared", &compress_cpu::w4a16_gemm_prepared);
+}

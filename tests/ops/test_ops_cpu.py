@@ -63,6 +63,28 @@ def test_w4a16_matches_reference(isa, shape, dtype):
     assert sqnr_db(ref, out) > (35 if dtype == torch.float32 else 30)
 
 
+@pytest.mark.parametrize("shape", W4_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_w4a16_prepared_matches_canonical(isa, shape):
+    """The runtime's entry (fp32 scale and scale * zero made once at load time) computes
+    what the canonical entry computes, and both sit at the same distance from the reference."""
+    m, n, k, group = shape
+    qweight, scales, zeros = make_int4(n, k, group)
+    x = torch.randn(m, k)
+    scale, scaled_zero = reference.w4a16_prepare_cpu(scales, zeros)
+    out = torch.ops.compress.w4a16_gemm_prepared(x, qweight, scale, scaled_zero, group)
+    ref = reference.w4a16_gemm_prepared(x, qweight, scale, scaled_zero, group)
+    torch.testing.assert_close(ref, reference.w4a16_gemm(x, qweight, scales, zeros, group), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, torch.ops.compress.w4a16_gemm(x, qweight, scales, zeros, group),
+                               rtol=1e-5, atol=1e-5)
+    assert sqnr_db(ref, out) > 35
+
+
+def test_w4a16_prepared_rejects_unprepared_scales():
+    qweight, scales, zeros = make_int4(8, 64, 32)
+    with pytest.raises(RuntimeError, match="float32"):
+        torch.ops.compress.w4a16_gemm_prepared(torch.randn(1, 64), qweight, scales, zeros.float(), 32)
+
+
 @pytest.mark.parametrize("scale_dtype", [torch.float32, torch.bfloat16])
 def test_w4a16_scale_dtypes_and_odd_group(isa, scale_dtype):
     qweight, scales, zeros = make_int4(10, 96, 32, scale_dtype)
@@ -157,6 +179,55 @@ def test_isa_override():
         ops.set_cpu_isa("sse9")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 1, 256), (3, 5, 96), (2, 17)], ids=lambda s: "x".join(map(str, s)))
+def test_rms_norm_matches_reference(shape, dtype):
+    x, r = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
+    w = (torch.rand(shape[-1]) + 0.5).to(dtype)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
+    got = torch.ops.compress.rms_norm(x, w, 1e-5)
+    assert got.dtype == dtype and got.shape == x.shape
+    torch.testing.assert_close(got, reference.rms_norm(x, w, 1e-5), **tol)
+    y, h = torch.ops.compress.add_rms_norm(x, r, w, 1e-6)
+    y_ref, h_ref = reference.add_rms_norm(x, r, w, 1e-6)
+    torch.testing.assert_close(h, h_ref, rtol=0, atol=0)   # the sum is rounded as the plain add
+    torch.testing.assert_close(y, y_ref, **tol)
+
+
+def test_rms_norm_rejects_mismatched_weight():
+    with pytest.raises(RuntimeError, match="weight"):
+        torch.ops.compress.rms_norm(torch.randn(2, 8), torch.ones(7), 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2), (6, 1)], ids=lambda h: f"{h[0]}q{h[1]}kv")
+@pytest.mark.parametrize("masked", [False, True])
+def test_decode_attention_matches_reference(dtype, heads, masked):
+    hq, hkv = heads
+    b, d, cap, s = 3, 32, 20, 13
+    # the runtime passes slices of a preallocated cache: strided along batch, heads and slots
+    k_cache, v_cache = torch.randn(4, hkv, cap, d).to(dtype), torch.randn(4, hkv, cap, d).to(dtype)
+    k, v = k_cache[:b, :, :s], v_cache[:b, :, :s]
+    q = torch.randn(b, 1, hq, d).to(dtype).transpose(1, 2).squeeze(2)   # non-contiguous, as in the model
+    mask = None
+    if masked:
+        mask = torch.rand(b, s) > 0.4
+        mask[:, -1] = True
+    got = torch.ops.compress.decode_attention(q, k, v, mask)
+    want = reference.decode_attention(q, k, v, mask)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    assert got.shape == (b, hq * d) and got.dtype == dtype
+    torch.testing.assert_close(got, want, **tol)
+
+
+def test_decode_attention_rejects_bad_shapes():
+    q, k = torch.randn(2, 6, 16), torch.randn(2, 4, 5, 16)
+    with pytest.raises(RuntimeError, match="Hq % Hkv"):
+        torch.ops.compress.decode_attention(q, k, k, None)
+    with pytest.raises(RuntimeError, match="mask"):
+        torch.ops.compress.decode_attention(torch.randn(2, 4, 16), k, k, torch.ones(2, 4, dtype=torch.bool))
+
+
 def test_opcheck():
     qweight, scales, zeros = make_int4(16, 128, 64)
     q, s = make_int8(16, 128)
@@ -165,9 +236,15 @@ def test_opcheck():
     ow = torch.randn(16, 2)
     cases = [
         (torch.ops.compress.w4a16_gemm.default, (x, qweight, scales, zeros, 64)),
+        (torch.ops.compress.w4a16_gemm_prepared.default, (x, qweight, *reference.w4a16_prepare_cpu(scales, zeros), 64)),
         (torch.ops.compress.w8a8_gemm.default, (x, q, s)),
         (torch.ops.compress.w8a8_outlier_gemm.default, (x, q, s, idx, ow)),
         (torch.ops.compress.quantize_per_token_int8.default, (x,)),
+        (torch.ops.compress.rms_norm.default, (x, torch.rand(128), 1e-5)),
+        (torch.ops.compress.add_rms_norm.default, (x, torch.randn(3, 128), torch.rand(128), 1e-5)),
+        (torch.ops.compress.decode_attention.default,
+         (torch.randn(2, 4, 16), torch.randn(2, 2, 7, 16), torch.randn(2, 2, 7, 16),
+          torch.tensor([[True, False] * 3 + [True]] * 2))),
     ]
     for op, args in cases:
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))

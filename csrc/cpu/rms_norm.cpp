@@ -1,0 +1,94 @@
+// RMSNorm for the runtime's hot path (CPU): compress::rms_norm and the fused
+// residual form compress::add_rms_norm. A decode step normalises one row of a few
+// thousand values, where ATen's composite pow/mean/rsqrt/mul chain costs tens of
+// microseconds in dispatch; this is one pass per row. Reference:
+// compress/ops/reference.py::rms_norm / add_rms_norm (the rounding order matches:
+// normalise in fp32, round to x's dtype, then multiply by the weight).
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <tuple>
+
+#include "cpu/kernel_common.h"
+
+namespace compress_cpu {
+namespace {
+
+template <typename T, typename W>
+void norm_rows(const T* x, const T* res, const W* w, T* y, T* sum_out, int64_t m, int64_t k, float eps) {
+  at::parallel_for(0, m, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const T* xr = x + i * k;
+      T* yr = y + i * k;
+      T* sr = sum_out ? sum_out + i * k : nullptr;
+      float ss = 0.f;
+      if (res) {  // h = x + residual, rounded to T (what the unfused add would store)
+        const T* rr = res + i * k;
+        for (int64_t j = 0; j < k; ++j) {
+          const T h = static_cast<T>(static_cast<float>(xr[j]) + static_cast<float>(rr[j]));
+          sr[j] = h;
+          const float hf = static_cast<float>(h);
+          ss += hf * hf;
+        }
+        xr = sr;
+      } else {
+        for (int64_t j = 0; j < k; ++j) {
+          const float v = static_cast<float>(xr[j]);
+          ss += v * v;
+        }
+      }
+      const float r = 1.f / std::sqrt(ss / static_cast<float>(k) + eps);
+      for (int64_t j = 0; j < k; ++j) {
+        const float normed = static_cast<float>(static_cast<T>(static_cast<float>(xr[j]) * r));
+        yr[j] = static_cast<T>(static_cast<float>(w[j]) * normed);
+      }
+    }
+  });
+}
+
+void check(const char* op, const at::Tensor& x, const at::Tensor& w) {
+  TORCH_CHECK(x.dim() >= 1 && w.dim() == 1 && w.size(0) == x.size(-1), op, ": weight [", w.sizes(),
+              "] must match the last dim of x ", x.sizes());
+  TORCH_CHECK(w.scalar_type() == x.scalar_type(), op, ": weight dtype ", w.scalar_type(), " must equal x dtype ",
+              x.scalar_type());
+}
+
+std::tuple<at::Tensor, at::Tensor> run(const at::Tensor& x_in, const at::Tensor* res_in, const at::Tensor& w_in,
+                                       double eps) {
+  const at::Tensor x = x_in.contiguous(), w = w_in.contiguous();
+  const at::Tensor res = res_in ? res_in->contiguous() : at::Tensor();
+  const int64_t k = x.size(-1), m = k ? x.numel() / k : 0;
+  at::Tensor y = at::empty_like(x);
+  at::Tensor sum = res_in ? at::empty_like(x) : at::Tensor();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
+    norm_rows<scalar_t, scalar_t>(x.data_ptr<scalar_t>(), res_in ? res.data_ptr<scalar_t>() : nullptr,
+                                  w.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(),
+                                  res_in ? sum.data_ptr<scalar_t>() : nullptr, m, k, static_cast<float>(eps));
+  });
+  return {y, sum};
+}
+
+}  // namespace
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check("rms_norm", x, weight);
+  return std::get<0>(run(x, nullptr, weight, eps));
+}
+
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                const at::Tensor& weight, double eps) {
+  check("add_rms_norm", x, weight);
+  TORCH_CHECK(residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type(),
+              "add_rms_norm: residual ", residual.sizes(), " ", residual.scalar_type(), " must match x ", x.sizes(),
+              " ", x.scalar_type());
+  return run(x, &residual, weight, eps);
+}
+
+}  // namespace compress_cpu
+
+TORCH_LIBRARY_IMPL(compress, CPU, m) {
+  m.impl("rms_norm", &compress_cpu::rms_norm);
+  m.impl("add_rms_norm", &compress_cpu::add_rms_norm);
+}
