@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from compress.ops import get_op, native_available
+from compress.ops.reference import w4a16_prepare_cpu
 
 
 class DenseLinear(nn.Module):
@@ -68,15 +69,19 @@ class Int4Linear(_OpLinear):
         self.register_buffer("zeros", zeros)
         self.group_size = group_size
         self.cuda_layout = None
+        self.cpu_scales = None
 
     def prepare(self, backend: str = "native") -> None:
         # The CPU kernel runs on the canonical packing as stored (its activations are
-        # permuted instead, see csrc/cpu/README.md); it only needs contiguous tensors
-        # and uint8 zero points, so make that true once here rather than per call.
+        # permuted instead, see csrc/cpu/README.md); it wants fp32 (scale, scale * zero)
+        # per group, made once here rather than per call.
         super().prepare(backend)
         self.qweight = self.qweight.contiguous()
         self.scales = self.scales.contiguous()
         self.zeros = self.zeros.to(torch.uint8).contiguous()
+        self.cpu_scales = None
+        if backend == "native" and self.qweight.device.type == "cpu" and native_available("cpu"):
+            self.cpu_scales = w4a16_prepare_cpu(self.scales, self.zeros)
         # On CUDA the tensor-core kernel wants the weights in mma fragment order: shuffle
         # once at load time (kept beside the canonical tensors, never saved).
         self.cuda_layout = None
@@ -85,11 +90,25 @@ class Int4Linear(_OpLinear):
             self.cuda_layout = torch.ops.compress.w4a16_shuffle_for_cuda(
                 self.qweight, self.scales, self.zeros, self.group_size)
 
+    def read_bytes(self) -> int:
+        """Bytes one call reads for its weights (the packed ints plus the scales the
+        kernel on this device uses)."""
+        if self.cpu_scales is not None:
+            scales = sum(t.numel() * t.element_size() for t in self.cpu_scales)
+        elif self.cuda_layout is not None:
+            scales = sum(t.numel() * t.element_size() for t in self.cuda_layout[1:])
+        else:
+            scales = self.scales.numel() * self.scales.element_size() + self.zeros.numel()
+        bias = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
+        return self.qweight.numel() * 4 + scales + bias
+
     def gemm(self, x2d):
         if self.cuda_layout is not None and x2d.dtype in (torch.float16, torch.bfloat16):
             qs, st, zt = self.cuda_layout
             return torch.ops.compress.w4a16_gemm_shuffled(x2d, qs, st.to(x2d.dtype), zt,
                                                           self.group_size, self.out_features)
+        if self.cpu_scales is not None:
+            return torch.ops.compress.w4a16_gemm_prepared(x2d, self.qweight, *self.cpu_scales, self.group_size)
         return get_op(self.op_name, self.backend)(x2d, self.qweight, self.scales, self.zeros, self.group_size)
 
 
@@ -151,4 +170,47 @@ class Int8OutlierLinear(_OpLinear):
         return op(x2d, self.qweight, self.weight_scale, self.outlier_idx, self.outlier_weight)
 
 
+def _cat_bias(layers) -> torch.Tensor | None:
+    if all(layer.bias is None for layer in layers):
+        return None
+    ref = next(layer.bias for layer in layers if layer.bias is not None)
+    return torch.cat([layer.bias.data if layer.bias is not None else ref.new_zeros(layer.out_features)
+                      for layer in layers])
+
+
+def fuse_linears(layers: list[nn.Module]) -> nn.Module | None:
+    """One layer computing ``cat([layer(x) for layer in layers], -1)``, or ``None`` when
+    the layers cannot share a kernel call (different schemes, input sizes, group sizes or
+    outlier columns). Linears that read the same input (q/k/v, gate/up) are fused at load
+    time so a decode step makes one kernel call (and one activation quantization) instead
+    of three; every output row is computed exactly as before. Call before ``prepare``."""
+    first = layers[0]
+    if len(layers) < 2 or any(type(layer) is not type(first) or layer.in_features != first.in_features
+                              for layer in layers):
+        return None
+    bias = _cat_bias(layers)
+    cat = lambda name: torch.cat([getattr(layer, name) for layer in layers])  # noqa: E731
+    if isinstance(first, DenseLinear):
+        if len({layer.weight.dtype for layer in layers}) > 1:
+            return None
+        return DenseLinear(cat("weight"), bias)
+    if isinstance(first, Int4Linear):
+        if len({layer.group_size for layer in layers}) > 1 or len({layer.scales.dtype for layer in layers}) > 1:
+            return None
+        return Int4Linear(cat("qweight"), cat("scales"), torch.cat([layer.zeros.to(torch.uint8) for layer in layers]),
+                          first.group_size, first.in_features, bias)
+    if isinstance(first, Int8OutlierLinear):
+        same_cols = all(torch.equal(layer.outlier_idx.to(torch.long), first.outlier_idx.to(torch.long))
+                        for layer in layers)
+        if not same_cols or len({layer.threshold for layer in layers}) > 1 \
+                or len({layer.outlier_weight.dtype for layer in layers}) > 1:
+            return None
+        return Int8OutlierLinear(cat("qweight"), cat("weight_scale"), first.outlier_idx, cat("outlier_weight"),
+                                 bias, first.threshold)
+    if isinstance(first, Int8Linear):
+        return Int8Linear(cat("qweight"), cat("weight_scale"), bias)
+    return None
+
+
 LAYER_CLASSES = {cls.scheme: cls for cls in (DenseLinear, Int4Linear, Int8Linear, Int8OutlierLinear)}
+LINEAR_TYPES = (DenseLinear, _OpLinear)

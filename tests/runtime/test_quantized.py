@@ -11,8 +11,9 @@ from compress.io.schemes import QuantizedWeight
 from compress.ops import native_available
 from compress.ops.reference import dequantize_int4, pack_int4
 from compress.runtime import LLM, SamplingParams
-from compress.runtime.layers import Int4Linear, Int8Linear, Int8OutlierLinear
+from compress.runtime.layers import DenseLinear, Int4Linear, Int8Linear, Int8OutlierLinear, fuse_linears
 from compress.runtime.loading import RuntimeCheckpoint
+from compress.runtime.models.llama import build_model
 
 from runtime_models import hf_model, tiny_config
 
@@ -115,8 +116,50 @@ def test_exported_checkpoint_runs_like_in_memory(tmp_path, tokenizer, scheme):
     ids = torch.randint(2, len(tokenizer), (2, 16), generator=torch.Generator().manual_seed(0))
     loaded = LLM(out, kernels="reference")
     assert loaded.manifest is not None
-    assert type(loaded.model.layers[1].attn.q_proj) is type(
-        LLM.from_checkpoint(ckpt, tokenizer).model.layers[1].attn.q_proj)
+    assert type(loaded.model.layers[1].attn.qkv_proj) is type(
+        LLM.from_checkpoint(ckpt, tokenizer).model.layers[1].attn.qkv_proj)
     torch.testing.assert_close(loaded.logits(ids), LLM.from_checkpoint(ckpt, tokenizer, kernels="reference").logits(ids),
                                atol=1e-5, rtol=1e-5)
     assert loaded.generate("Hello", SamplingParams(max_tokens=3, temperature=0))[0].token_ids
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("scheme", ["dense", "w4a16", "w8a8", "llm_int8"])
+@pytest.mark.parametrize("kernels", ["reference", "native"])
+def test_fused_projections_compute_the_same_logits(tokenizer, family, scheme, kernels):
+    """q/k/v and gate/up fused into one linear each (load time) give the logits of the
+    separate layers: each output row is computed the same way (qwen2 adds q/k/v biases)."""
+    if kernels == "native" and not native_available("cpu"):
+        pytest.skip("native CPU kernels not built")
+    if scheme == "dense":
+        model = hf_model(tiny_config(family, len(tokenizer)))
+        ckpt = RuntimeCheckpoint(model.config, {k: v.clone() for k, v in model.state_dict().items()}, {})
+    else:
+        ckpt, _ = quantized_pair(family, scheme, len(tokenizer))
+    fused = build_model(ckpt, kernels=kernels)
+    plain = build_model(ckpt, kernels=kernels, fuse=False)
+    assert fused.layers[0].attn.qkv_proj is not None and fused.layers[0].mlp.gate_up_proj is not None
+    assert plain.layers[0].attn.qkv_proj is None and plain.layers[0].mlp.gate_up_proj is None
+    ids = torch.randint(2, len(tokenizer), (2, 12), generator=torch.Generator().manual_seed(1))
+    pos = torch.arange(12).expand(2, 12)
+    with torch.inference_mode():
+        got, want = fused.logits(fused(ids, pos)), plain.logits(plain(ids, pos))
+    tol = 1e-5 if scheme == "dense" else 0.0
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+
+
+def test_fuse_linears_refuses_layers_that_cannot_share_a_call():
+    w = torch.randn(64, 64)
+    q4, _ = rtn_int4(w)
+    a = Int4Linear(**q4.tensors, group_size=GROUP, in_features=64)
+    b = Int4Linear(**rtn_int4(w, group=64)[0].tensors, group_size=64, in_features=64)
+    q8, s8 = rtn_int8(w)
+    assert fuse_linears([a, b]) is None                      # group sizes differ
+    assert fuse_linears([a, Int8Linear(q8, s8)]) is None     # schemes differ
+    assert fuse_linears([a, DenseLinear(torch.randn(64, 32))]) is None  # input sizes differ
+    idx = torch.tensor([1, 2])
+    o1 = Int8OutlierLinear(q8, s8, idx, w[:, idx].clone())
+    o2 = Int8OutlierLinear(q8, s8, torch.tensor([1, 3]), w[:, idx].clone())
+    assert fuse_linears([o1, o2]) is None                    # outlier columns differ
+    both = fuse_linears([a, a])
+    assert both.out_features == 128 and both.group_size == GROUP

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from compress.architectures import ArchSpec, get_arch
-from compress.runtime.layers import LAYER_CLASSES
+from compress.ops import get_op
+from compress.runtime.layers import LAYER_CLASSES, LINEAR_TYPES, fuse_linears
 from compress.runtime.models.rope import apply_rope, inverse_frequencies, rope_tables
 
 SUPPORTED_ACTIVATIONS = ("silu", "swish")
@@ -27,41 +28,80 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.eps = eps
+        self.backend = "native"
+
+    def prepare(self, backend: str = "native") -> None:
+        self.backend = backend
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return get_op("rms_norm", self.backend)(x, self.weight, self.eps)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(x + residual), x + residual)`` in one call."""
+        return get_op("add_rms_norm", self.backend)(x, residual, self.weight, self.eps)
 
 
 class Attention(nn.Module):
-    def __init__(self, q_proj, k_proj, v_proj, o_proj, n_heads: int, n_kv_heads: int, head_dim: int):
+    """GQA attention. With ``fuse`` (the default) q/k/v become one linear (one kernel
+    call per step) when their schemes allow it (``layers.fuse_linears``)."""
+
+    def __init__(self, q_proj, k_proj, v_proj, o_proj, n_heads: int, n_kv_heads: int, head_dim: int,
+                 fuse: bool = True):
         super().__init__()
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = q_proj, k_proj, v_proj, o_proj
+        self.qkv_proj = fuse_linears([q_proj, k_proj, v_proj]) if fuse else None
+        if self.qkv_proj is None:
+            self.q_proj, self.k_proj, self.v_proj = q_proj, k_proj, v_proj
+        self.o_proj = o_proj
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.backend = "native"
+
+    def prepare(self, backend: str = "native") -> None:
+        self.backend = backend
+
+    def _qkv(self, x, cos, sin):
+        b, t, _ = x.shape
+        nq, nkv, d = self.n_heads, self.n_kv_heads, self.head_dim
+        if self.qkv_proj is not None:
+            qkv = self.qkv_proj(x).view(b, t, nq + 2 * nkv, d).transpose(1, 2)
+            qk = apply_rope(qkv[:, :nq + nkv], cos, sin)  # one rotation for q and k
+            return qk[:, :nq], qk[:, nq:], qkv[:, nq + nkv:]
+        q = self.q_proj(x).view(b, t, nq, d).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, nkv, d).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, nkv, d).transpose(1, 2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def forward(self, x, cos, sin, kv, start: int, mask, is_causal: bool):
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = self._qkv(x, cos, sin)
         if kv is not None:
             k_cache, v_cache = kv
             k_cache[:b, :, start:start + t] = k
             v_cache[:b, :, start:start + t] = v
             k, v = k_cache[:b, :, :start + t], v_cache[:b, :, :start + t]
+        if t == 1 and not is_causal:  # decode step: one query per row
+            m = None if mask is None else mask.reshape(mask.shape[0], mask.shape[-1])
+            y = get_op("decode_attention", self.backend)(q.squeeze(2), k, v, m)
+            return self.o_proj(y.view(b, 1, -1))
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                            enable_gqa=self.n_heads != self.n_kv_heads)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
 
 
 class MLP(nn.Module):
-    def __init__(self, gate_proj, up_proj, down_proj):
+    """SwiGLU; gate and up fused into one linear when their schemes allow it."""
+
+    def __init__(self, gate_proj, up_proj, down_proj, fuse: bool = True):
         super().__init__()
-        self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
+        self.gate_up_proj = fuse_linears([gate_proj, up_proj]) if fuse else None
+        if self.gate_up_proj is None:
+            self.gate_proj, self.up_proj = gate_proj, up_proj
+        self.down_proj = down_proj
+        self.intermediate = gate_proj.out_features
 
     def forward(self, x):
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -73,8 +113,9 @@ class DecoderLayer(nn.Module):
         self.window = window
 
     def forward(self, x, cos, sin, kv, start, mask, is_causal):
-        x = x + self.attn(self.attn_norm(x), cos, sin, kv, start, mask, is_causal)
-        return x + self.mlp(self.mlp_norm(x))
+        a = self.attn(self.attn_norm(x), cos, sin, kv, start, mask, is_causal)
+        h, x = self.mlp_norm.add_forward(a, x)
+        return x + self.mlp(h)
 
 
 class LlamaFamilyModel(nn.Module):
@@ -186,7 +227,8 @@ class _Tensors:
     def cast(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(self.device, self.dtype if t.is_floating_point() else t.dtype)
 
-    def linear(self, path: str, kernels: str) -> nn.Module:
+    def linear(self, path: str) -> nn.Module:
+        """The runtime layer for ``path`` (not yet prepared for a backend)."""
         bias = self.dense(path + ".bias", required=False)
         qw = self.ckpt.quantized.get(path)
         if qw is None:
@@ -198,13 +240,13 @@ class _Tensors:
                       for k, v in qw.tensors.items()}
             kwargs.update({k: v for k, v in qw.meta.items() if k in accepted and k not in kwargs})
             layer = cls(**kwargs, bias=bias)
-        layer.prepare(kernels)
         return layer
 
 
 def build_model(ckpt, dtype: torch.dtype = torch.float32, device="cpu", kernels: str = "native",
-                max_seq_len: int | None = None) -> LlamaFamilyModel:
-    """Our decoder for a checkpoint (``config``, ``dense``, ``quantized``)."""
+                max_seq_len: int | None = None, fuse: bool = True) -> LlamaFamilyModel:
+    """Our decoder for a checkpoint (``config``, ``dense``, ``quantized``). ``fuse``: q/k/v
+    and gate/up run as one linear each where their schemes allow it."""
     config = ckpt.config
     arch = get_arch(getattr(config, "model_type", None), where="config.json")
     act = getattr(config, "hidden_act", "silu")
@@ -220,17 +262,17 @@ def build_model(ckpt, dtype: torch.dtype = torch.float32, device="cpu", kernels:
     layers = []
     for i, window in enumerate(layer_windows(config, arch)):
         p = arch.block_prefix(i) + "."
-        attn = Attention(*(tensors.linear(p + name, kernels)
+        attn = Attention(*(tensors.linear(p + name)
                            for name in (arch.q_proj, arch.k_proj, arch.v_proj, arch.o_proj)),
-                         n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim)
-        mlp = MLP(*(tensors.linear(p + name, kernels)
-                    for name in (arch.gate_proj, arch.up_proj, arch.down_proj)))
+                         n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, fuse=fuse)
+        mlp = MLP(*(tensors.linear(p + name) for name in (arch.gate_proj, arch.up_proj, arch.down_proj)),
+                  fuse=fuse)
         layers.append(DecoderLayer(attn, mlp, RMSNorm(tensors.dense(p + arch.attn_norm + ".weight"), eps),
                                    RMSNorm(tensors.dense(p + arch.mlp_norm + ".weight"), eps), window))
 
     embed = tensors.dense(arch.embed_tokens + ".weight")
     if arch.lm_head in ckpt.quantized or arch.lm_head + ".weight" in ckpt.dense:
-        lm_head = tensors.linear(arch.lm_head, kernels)
+        lm_head = tensors.linear(arch.lm_head)
     elif getattr(config, "tie_word_embeddings", False):
         lm_head = LAYER_CLASSES["dense"](embed)
     else:
@@ -238,4 +280,7 @@ def build_model(ckpt, dtype: torch.dtype = torch.float32, device="cpu", kernels:
     norm = RMSNorm(tensors.dense(arch.final_norm + ".weight"), eps)
     model = LlamaFamilyModel(embed, layers, norm, lm_head, inverse_frequencies(config, head_dim),
                              max_seq_len, n_kv, head_dim)
+    for module in model.modules():
+        if isinstance(module, (*LINEAR_TYPES, RMSNorm, Attention)):
+            module.prepare(kernels)
     return model.eval()
