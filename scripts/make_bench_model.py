@@ -1,6 +1,8 @@
 """Builds the end-to-end benchmark model of issue 3: a random-init Llama (hidden 1024,
 24 layers, intermediate 2816, 16 heads, 8 kv heads, vocab 32000; ~345M parameters),
-saved as a plain HF directory plus its RTN int4 (group 128) and int8 exports:
+saved as a plain HF directory plus its RTN int4 (group 128) and int8 exports (the
+lm_head in int8 in both unless ``--lm-head dense``: llama.cpp's Q4_0 and Q8_0 files keep
+``output.weight`` in Q6_K and Q8_0, and a dense fp32 head would read 131 MB per token):
 
     python scripts/make_bench_model.py --out out/bench-llama
     -> out/bench-llama/hf, out/bench-llama/rtn-int4, out/bench-llama/rtn-int8
@@ -50,6 +52,9 @@ def main() -> None:
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--tokenizer-from", default="models/pydoc-llama")
+    p.add_argument("--lm-head", choices=["int8", "dense"], default="int8",
+                   help="lm_head in the quantized exports: int8 (as llama.cpp's Q4_0/Q8_0 files keep "
+                        "output.weight in 6/8 bits; the default) or the dense fp32 weight")
     args = p.parse_args()
     out = Path(args.out)
     torch.manual_seed(0)
@@ -71,6 +76,8 @@ def main() -> None:
         for mod_name, mod in model.named_modules():
             if isinstance(mod, torch.nn.Linear) and ".layers." in mod_name:
                 quantized[mod_name] = quantize_weight_rtn(mod.weight.data, rtn, mod_name)
+        if args.lm_head == "int8":
+            quantized["lm_head"] = quantize_weight_rtn(model.lm_head.weight.data, RTNConfig(bits=8), "lm_head")
         dense = {k: v for k, v in sd.items() if k.removesuffix(".weight") not in quantized}
         path = export_checkpoint(out / name, cfg, dense, quantized, tokenizer=str(hf))
         print(f"wrote {path}")

@@ -14,6 +14,7 @@ import torch
 from compress import ops
 from compress.bench.bandwidth import read_bandwidth
 from compress.ops import reference
+from compress.ops.reference import w4a16_prepare_cpu
 
 # (N out, K in) from Llama-2-7B (4096x4096, 11008x4096, 4096x11008), Mistral/Llama-3
 # MLP (14336x4096) and a 2048-hidden model's MLP (2048x8192).
@@ -67,14 +68,17 @@ def build_cases(m: int, n: int, k: int, impls: set[str] | None) -> list[Case]:
     c = max(1, int(round(k * OUTLIER_FRACTION)))
     idx = torch.randperm(k)[:c].sort().values
     ow = torch.randn(n, c, dtype=torch.float16) * 0.02
-    w4 = torch.ops.compress.w4a16_gemm
+    # the runtime's int4 entry: fp32 (scale, scale * zero) made at load time, outside the timing
+    scale32, szero32 = w4a16_prepare_cpu(scales, zeros)
+    prepared_bytes = qweight.numel() * 4 + scale32.numel() * 8
+    w4 = torch.ops.compress.w4a16_gemm_prepared
     w8 = torch.ops.compress.w8a8_gemm
     w8o = torch.ops.compress.w8a8_outlier_gemm
 
     if want("compress"):
         cases += [
-            Case("w4a16", "compress fp32", lambda: w4(x32, qweight, scales, zeros, GROUP), int4_bytes),
-            Case("w4a16", "compress bf16", lambda: w4(x16, qweight, scales, zeros, GROUP), int4_bytes),
+            Case("w4a16", "compress fp32", lambda: w4(x32, qweight, scale32, szero32, GROUP), prepared_bytes),
+            Case("w4a16", "compress bf16", lambda: w4(x16, qweight, scale32, szero32, GROUP), prepared_bytes),
             Case("w8a8", "compress fp32", lambda: w8(x32, q8, s8), int8_bytes),
             Case("w8a8", "compress bf16", lambda: w8(x16, q8, s8), int8_bytes),
             Case("w8a8_outlier", "compress fp32", lambda: w8o(x32, q8, s8, idx, ow),
@@ -130,14 +134,29 @@ def _bnb_cases(x32, x16, n: int, k: int) -> list[Case]:
     return out
 
 
-def time_cases(cases: list[Case], reps: int, budget_s: float) -> dict[str, float]:
-    """A B A B: each round calls every case once; medians per case."""
+EVICT_BYTES = 256 << 20  # larger than any CPU's last-level cache this runs on
+
+
+def _cache_evictor():
+    """Reads a buffer larger than the last-level cache (untimed), so the next call finds
+    its weights in DRAM, as a decode step does, not in a cache warmed by the last call."""
+    buf = torch.ones(EVICT_BYTES // 8, dtype=torch.int64)
+    if ops.native_available("cpu"):
+        return lambda: torch.ops.compress.stream_read_sum(buf)
+    return lambda: buf.sum()
+
+
+def time_cases(cases: list[Case], reps: int, budget_s: float, cold: bool = True) -> dict[str, float]:
+    """A B A B: each round calls every case once; medians per case. ``cold``: the caches
+    are flushed before every timed call (weights come from DRAM)."""
+    evict = _cache_evictor() if cold else (lambda: None)
     for c in cases:  # warm-up (and first-touch)
         c.fn()
     times: dict[str, list[float]] = {c.op + "|" + c.implementation: [] for c in cases}
     t_start = time.perf_counter()
     for r in range(reps):
         for c in cases:
+            evict()
             t0 = time.perf_counter()
             c.fn()
             times[c.op + "|" + c.implementation].append(time.perf_counter() - t0)
@@ -147,11 +166,12 @@ def time_cases(cases: list[Case], reps: int, budget_s: float) -> dict[str, float
 
 
 def run(shapes, ms, impls=None, reps: int = 7, budget_s: float = 20.0, threads: int | None = None,
-        bandwidth_bytes: int = 1 << 30, log=print) -> dict:
+        bandwidth_bytes: int = 1 << 30, log=print, cold: bool = True) -> dict:
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(0)
     bw_before = read_bandwidth(bandwidth_bytes)
+    log(f"# {'cold caches: a 256 MiB read before every timed call' if cold else 'warm caches'}")
     log(f"# threads={torch.get_num_threads()} isa={ops.cpu_isa() if ops.native_available('cpu') else 'none'} "
         f"DRAM read bandwidth (stream_read_sum over {bandwidth_bytes >> 20} MiB): "
         f"median {bw_before['median_gbps']:.1f} GB/s, best {bw_before['best_gbps']:.1f} GB/s")
@@ -161,7 +181,7 @@ def run(shapes, ms, impls=None, reps: int = 7, budget_s: float = 20.0, threads: 
     for n, k in shapes:
         for m in ms:
             cases = build_cases(m, n, k, impls)
-            med = time_cases(cases, reps, budget_s)
+            med = time_cases(cases, reps, budget_s, cold)
             recs = []
             for c in cases:
                 t = med[c.op + "|" + c.implementation]
@@ -213,7 +233,7 @@ def main(args) -> int:
     if args.isa:
         ops.set_cpu_isa(args.isa)
     result = run(shapes, ms, impls, reps=args.reps, budget_s=args.budget, threads=args.threads,
-                 bandwidth_bytes=int(args.bandwidth_mib) << 20)
+                 bandwidth_bytes=int(args.bandwidth_mib) << 20, cold=not args.warm)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
@@ -230,4 +250,6 @@ def add_arguments(p) -> None:
     p.add_argument("--reps", type=int, default=7, help="A B A B rounds per configuration")
     p.add_argument("--budget", type=float, default=20.0, help="seconds per configuration before stopping early (>= 3 rounds)")
     p.add_argument("--bandwidth-mib", type=int, default=1024, help="bandwidth probe buffer size")
+    p.add_argument("--warm", action="store_true",
+                   help="keep caches warm between calls (default: flush them, so M=1 streams weights from DRAM)")
     p.add_argument("--json", help="write the records to this file")

@@ -40,12 +40,17 @@ def _prompts(batch: int, prompt_len: int, vocab: int, seed: int = 0) -> list[lis
 
 def _streamed_bytes(model: torch.nn.Module) -> int:
     """Bytes a decode step reads: every parameter and buffer except the embedding table
-    (one row per token) and rotary / cache buffers."""
+    (one row per token) and rotary / cache buffers; a module with ``read_bytes()`` (a
+    runtime layer whose kernel reads a load-time form of its tensors) says it itself."""
+    skip = ("embed", "cache", "rotary", "inv_freq", "rope_")
     total = 0
-    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
-        if "embed_tokens" in name or "cache" in name or "rotary" in name or "inv_freq" in name:
+    for mod_name, mod in model.named_modules():
+        if hasattr(mod, "read_bytes"):
+            total += mod.read_bytes()
             continue
-        total += t.numel() * t.element_size()
+        for name, t in list(mod.named_parameters(recurse=False)) + list(mod.named_buffers(recurse=False)):
+            if not any(k in f"{mod_name}.{name}" for k in skip):
+                total += t.numel() * t.element_size()
     return total
 
 

@@ -330,7 +330,7 @@ def build_quantization_config(quantized: dict[str, QuantizedWeight], dense_linea
     if not quantized:
         return None
     schemes = {q.scheme for q in quantized.values()}
-    ignore = sorted(set(dense_linears) | {"lm_head"})
+    ignore = sorted(set(dense_linears) | ({"lm_head"} - set(quantized)))  # unless lm_head is quantized
     if schemes == {"llm_int8"}:
         thresholds = {float(q.meta.get("threshold", 6.0)) for q in quantized.values()}
         return {

@@ -66,6 +66,19 @@ def test_w8a8_loads_in_transformers(tmp_path, tiny_llama):
     assert snr > 25, f"SNR {snr:.1f} dB"
 
 
+def test_quantized_lm_head_is_not_listed_as_ignored(tmp_path, tiny_llama):
+    """An int8 lm_head (as the end-to-end benchmark exports) is quantized in the config too:
+    transformers then loads it instead of failing on an int8 tensor it expected dense."""
+    cfg, out, dense, quantized = _export(tmp_path, tiny_llama, {m: w8a8_rtn for m in all_linears() + ["lm_head"]})
+    import json
+    assert "lm_head" not in json.loads((out / "config.json").read_text())["quantization_config"]["ignore"]
+    ids = torch.randint(0, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(4))
+    ref = _reference_logits(cfg, dense, quantized, ids)
+    from transformers import CompressedTensorsConfig
+    got = _hf_logits(out, ids, quantization_config=CompressedTensorsConfig(dequantize=True))
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+
+
 def test_mixed_w4a16_w8a8_loads_in_transformers(tmp_path, tiny_llama):
     # symmetric int4 + w8a8 + dense through the default (compressed) route. Mixed with
     # *asymmetric* int4 does not load in transformers 5.23 (see compress/io/formats.py).
