@@ -51,7 +51,7 @@ class AWQConfig:
     clip_grid: int = 20
     max_shrink: float = 0.5           # clip ratios searched in [1 - max_shrink, 1]
     clip_tokens: int = 512            # calibration tokens used by the clip search
-    search_tokens: int = 2048         # calibration tokens used by the scale search (0 = all)
+    search_tokens: int = 8192         # calibration tokens used by the scale search (0 = all)
     targets: list[str] = field(default_factory=lambda: ["re:.*layers\\.\\d+\\..*"])
     ignore: list[str] = field(default_factory=list)
     batch_size: int = 8
