@@ -170,14 +170,18 @@ at::Tensor w4a16_run(const at::Tensor& x_in, const at::Tensor& qweight_in,
   if (G % kBlock != 0) return w4_dequant_mm(x, qweight, s, sz, G).to(x.scalar_type());
 
   const int64_t KC = ceil_div(K, kChunk);
-  at::Tensor xq = at::empty({M, KC * kChunk}, x.options().dtype(at::kChar));
-  at::Tensor xs = at::empty({M, KC * 8}, x.options().dtype(at::kFloat));
-  at::Tensor xg = at::empty({M, NG}, x.options().dtype(at::kFloat));
-  quantize_activations(x, G, KC, xq.data_ptr<int8_t>(), xs.data_ptr<float>(), xg.data_ptr<float>());
+  // One workspace for the quantized activations (int8 [M, KC*64]), their lane scales
+  // (fp32 [M, KC*8]) and group sums (fp32 [M, NG]): a decode step makes ~100 of these calls.
+  const int64_t xq_bytes = M * KC * kChunk, xs_floats = M * KC * 8;
+  at::Tensor work = at::empty({xq_bytes + 4 * (xs_floats + M * NG)}, x.options().dtype(at::kByte));
+  int8_t* xq = reinterpret_cast<int8_t*>(work.data_ptr<uint8_t>());
+  float* xs = reinterpret_cast<float*>(work.data_ptr<uint8_t>() + xq_bytes);  // xq_bytes % 64 == 0
+  float* xg = xs + xs_floats;
+  quantize_activations(x, G, KC, xq, xs, xg);
 
   at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
   W4Args a{M, N, K, G, KC, NG, reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>()), s, sz,
-           xq.data_ptr<int8_t>(), xs.data_ptr<float>(), xg.data_ptr<float>(), y.data_ptr<float>()};
+           xq, xs, xg, y.data_ptr<float>()};
   void (*kernel)(const W4Args&, int64_t, int64_t, int64_t, int64_t) = w4_scalar;
   switch (active_isa()) {
     case Isa::Avx512Vnni: kernel = w4_avx512vnni; break;
