@@ -10,6 +10,7 @@ linear's static outlier columns, kept in float; everything else is vector-wise i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from tqdm.auto import tqdm
@@ -28,6 +29,9 @@ class LLMInt8Config:
     targets: list[str] = field(default_factory=lambda: ["re:.*layers\\.\\d+\\..*"])
     ignore: list[str] = field(default_factory=list)
     batch_size: int = 8          # calibration sequences per forward
+    # storage of the float outlier columns: float16 as bitsandbytes keeps them (half the
+    # bytes of float32; the fused op accumulates in fp32 either way); "auto" = the weight's dtype
+    outlier_dtype: Literal["float16", "bfloat16", "float32", "auto"] = "float16"
 
     def validate(self) -> None:
         check(self.threshold > 0, "threshold", f"must be > 0, got {self.threshold}")
@@ -58,7 +62,8 @@ def apply_llm_int8(state, config: LLMInt8Config, ctx) -> None:
         capture_inputs(block, inputs, linears, reduce=reduce)
         for rel, module in linears.items():
             idx = find_outlier_columns(absmax[rel], config.threshold)
-            qw = quantize_llm_int8(module.weight.data, idx, config.threshold, module.weight.dtype)
+            dtype = module.weight.dtype if config.outlier_dtype == "auto" else getattr(torch, config.outlier_dtype)
+            qw = quantize_llm_int8(module.weight.data, idx, config.threshold, dtype)
             state.record_quantized(f"{prefix}.{index}.{rel}", module, qw)
             stats["columns"] += module.in_features
             stats["outlier_columns"] += int(idx.numel())

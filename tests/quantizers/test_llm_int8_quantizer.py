@@ -79,6 +79,10 @@ def test_calibration_finds_planted_features_in_tiny_model():
             assert set(PLANTED) <= set(qw.tensors["outlier_idx"].tolist())
     stats = ctx.extras["llm_int8"]
     assert 0 < stats["outlier_fraction"] < 0.2
+    # outlier columns stored in float16 by default, float32 on request
+    assert qw.tensors["outlier_weight"].dtype == torch.float16
+    state32, _ = run_method(model, "llama", apply_llm_int8, LLMInt8Config(threshold=6.0, outlier_dtype="float32"), ids)
+    assert state32.quantized[f"model.layers.0.{arch.q_proj}"].tensors["outlier_weight"].dtype == torch.float32
     with torch.no_grad():
         assert rel_err(state.model(ids).logits, model(ids).logits) < 0.05
 
@@ -90,6 +94,8 @@ def test_llm_int8_bad_inputs():
             from_dict(LLMInt8Config, {"threshold": bad}, where)
     with pytest.raises(ConfigError, match="threshold: expected a number"):
         from_dict(LLMInt8Config, {"threshold": "big"}, where)
+    with pytest.raises(ConfigError, match="outlier_dtype"):
+        from_dict(LLMInt8Config, {"outlier_dtype": "int4"}, where)
     model = build_tiny("llama")
     ids = torch.randint(0, 512, (2, 16))
     with pytest.raises(ConfigError, match="targets: pattern '\\*o_prj' matches no linear"):
