@@ -198,7 +198,25 @@ def run(args, log=print) -> dict:
                                                                                         "q4_0": 18 / 32}[qt]
             res = bench_llamacpp(gguf, args.prompt_len, args.new_tokens, threads, cfg["vocab_size"], args.reps)
             add("llama.cpp", qt, 1, res, int(nbytes))
+    for line in decode_ratios(records):
+        log(line)
     return {"bandwidth": bw, "records": [asdict(r) for r in records]}
+
+
+def decode_ratios(records: list[ModelRecord]) -> list[str]:
+    """Decode tok/s of each compress run over the other engines' at the same batch
+    (llama.cpp: the GGUF type of the same bit width: int4 -> q4_0, int8 -> q8_0)."""
+    lines = []
+    for r in records:
+        if r.engine != "compress":
+            continue
+        peer = "q4_0" if "w4a16" in r.scheme else "q8_0" if "w8a8" in r.scheme or "llm_int8" in r.scheme else None
+        others = [o for o in records if o.batch == r.batch and (
+            (o.engine == "llama.cpp" and o.scheme == peer) or o.engine == "transformers")]
+        if others:
+            parts = ", ".join(f"{r.decode_tok_s / o.decode_tok_s:.2f}x {o.engine} {o.scheme}" for o in others)
+            lines.append(f"# decode, batch {r.batch}: compress {r.scheme} = {parts}")
+    return lines
 
 
 def main(args) -> int:

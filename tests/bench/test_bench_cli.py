@@ -36,3 +36,18 @@ def test_kernels_bench_tiny_sweep(tmp_path):
     rec = data["records"][0]
     assert {"op", "implementation", "M", "N", "K", "median_s", "gbps", "gflops"} <= set(rec)
     assert {r["M"] for r in data["records"]} == {1, 3}
+
+
+def test_decode_ratios_pair_engines_by_bit_width_and_batch():
+    from compress.bench.model import ModelRecord, decode_ratios
+
+    def rec(engine, scheme, batch, decode):
+        return ModelRecord(engine, scheme, batch, 2, 64, 64, 1.0, decode, 1, 1.0)
+
+    lines = decode_ratios([rec("compress", "w4a16+w8a8", 1, 50.0), rec("compress", "w8a8", 1, 30.0),
+                           rec("compress", "w8a8", 16, 120.0), rec("llama.cpp", "q4_0", 1, 100.0),
+                           rec("llama.cpp", "q8_0", 1, 60.0), rec("transformers", "float32", 1, 10.0)])
+    assert lines == [
+        "# decode, batch 1: compress w4a16+w8a8 = 0.50x llama.cpp q4_0, 5.00x transformers float32",
+        "# decode, batch 1: compress w8a8 = 0.50x llama.cpp q8_0, 3.00x transformers float32",
+    ]
