@@ -13,9 +13,9 @@ pre-extracted float weight slice ``[N, C]`` -- no reduction over the activations
 the GEMM, fixed shapes (torch.compile / CUDA graphs friendly), and the float slice is
 stored once instead of being dequantized on every call. The price is a column that
 spikes at run time outside the calibrated set: it then sets that token's int8 scale and
-crushes the token's other features. :func:`w8a8_outlier_gemm_guarded` is the policy we
-propose for the runtime op: a per-token guard that moves any *extra* column reaching the
-threshold to the float path, using the (dequantized) int8 weight columns, as
+crushes the token's other features. ``compress.ops.reference.w8a8_outlier_gemm_guarded``
+is the policy the runtime's layer applies: a per-batch guard that moves any *extra*
+column reaching the threshold to the float path, using the (dequantized) int8 weight columns, as
 bitsandbytes does. When nothing spikes it computes exactly what the static op computes.
 """
 from __future__ import annotations
@@ -23,7 +23,6 @@ from __future__ import annotations
 import torch
 
 from compress.io.schemes import QuantizedWeight
-from compress.ops import reference as ref
 from quantizers import primitives
 
 
@@ -56,24 +55,3 @@ def quantize_llm_int8(weight: torch.Tensor, outlier_idx: torch.Tensor, threshold
         "outlier_idx": idx.clone(),
         "outlier_weight": weight.detach()[:, idx].to(outlier_dtype).contiguous(),
     }, {"threshold": float(threshold)})
-
-
-def w8a8_outlier_gemm_guarded(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor,
-                              outlier_idx: torch.Tensor, outlier_weight: torch.Tensor,
-                              threshold: float) -> torch.Tensor:
-    """Reference of the guarded op: the static decomposition, plus any column outside
-    ``outlier_idx`` that reaches ``threshold`` in this batch computed in float against the
-    dequantized int8 weight column (the bitsandbytes rule). ``x [M, K] -> [M, N]``.
-    """
-    idx = outlier_idx.to(torch.long)
-    rest = x.to(torch.float32).clone()
-    rest[:, idx] = 0
-    extra = torch.nonzero(rest.abs().amax(dim=0) >= threshold).flatten()
-    if extra.numel() == 0:
-        return ref.w8a8_outlier_gemm(x, qweight, weight_scale, outlier_idx, outlier_weight)
-    w_extra = qweight[:, extra].to(torch.float32) * weight_scale.to(torch.float32).unsqueeze(1)
-    rest[:, extra] = 0
-    y = ref.w8a8_gemm(rest, qweight, weight_scale)
-    y = y + x[:, idx].to(torch.float32) @ outlier_weight.to(torch.float32).t()
-    y = y + x[:, extra].to(torch.float32) @ w_extra.t()
-    return y.to(x.dtype)

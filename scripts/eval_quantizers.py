@@ -34,7 +34,7 @@ from compress.ops import reference as ref  # noqa: E402
 from compress.state import CompressionState, StepContext  # noqa: E402
 from quantizers.awq import AWQConfig, apply_awq  # noqa: E402
 from quantizers.llm_int8 import LLMInt8Config, apply_llm_int8  # noqa: E402
-from quantizers.outliers import w8a8_outlier_gemm_guarded  # noqa: E402
+from compress.ops.reference import w8a8_outlier_gemm_guarded  # noqa: E402
 from quantizers.rtn import RTNConfig, apply_rtn  # noqa: E402
 
 

@@ -105,6 +105,27 @@ def w8a8_outlier_gemm(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torc
     return y.to(x.dtype)
 
 
+
+def w8a8_outlier_gemm_guarded(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor,
+                              outlier_idx: torch.Tensor, outlier_weight: torch.Tensor, threshold: float,
+                              gemm=w8a8_outlier_gemm) -> torch.Tensor:
+    """The static decomposition plus a spike guard: any column outside ``outlier_idx`` that
+    reaches ``threshold`` in this batch leaves the int8 path (it would blow up the per-token
+    scale) and is computed in float against its dequantized int8 weight column (the
+    bitsandbytes rule). ``gemm`` is the static op that runs the rest (the reference, or
+    the dispatcher op a runtime layer uses). Without a spike this is exactly ``gemm``."""
+    idx = outlier_idx.to(torch.long)
+    col_max = x.abs().amax(dim=0)
+    col_max[idx] = 0
+    extra = torch.nonzero(col_max >= threshold).flatten()
+    if extra.numel() == 0:
+        return gemm(x, qweight, weight_scale, outlier_idx, outlier_weight)
+    x_rest = x.clone()
+    x_rest[:, extra] = 0
+    w_extra = qweight[:, extra].to(torch.float32) * weight_scale.to(torch.float32).unsqueeze(1)
+    y = gemm(x_rest, qweight, weight_scale, outlier_idx, outlier_weight).to(torch.float32)
+    return (y + x[:, extra].to(torch.float32) @ w_extra.t()).to(x.dtype)
+
 # --- CUDA W4A16 fragment-order layout (csrc/cuda/int4_layout.cuh) -------------------
 # Made once at load time for the tensor-core kernel: N padded to a multiple of 128, K to
 # 64; int32 words [Np/16, Kp/64, 32 lanes, 4 k16-steps] (returned as [Np/16, Kp*2]);

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from compress.ops import get_op, native_available
-from compress.ops.reference import w4a16_prepare_cpu
+from compress.ops.reference import w4a16_prepare_cpu, w8a8_outlier_gemm_guarded
 
 
 class DenseLinear(nn.Module):
@@ -143,7 +143,7 @@ class Int8OutlierLinear(_OpLinear):
         self.register_buffer("weight_scale", weight_scale)
         self.register_buffer("outlier_idx", outlier_idx)
         self.register_buffer("outlier_weight", outlier_weight)
-        self.threshold = threshold  # spike guard; None: the calibrated set only
+        self.threshold = threshold  # spike guard (reference.w8a8_outlier_gemm_guarded); None: static set only
 
     def prepare(self, backend: str = "native") -> None:
         super().prepare(backend)
@@ -154,20 +154,10 @@ class Int8OutlierLinear(_OpLinear):
 
     def gemm(self, x2d):
         op = get_op(self.op_name, self.backend)
-        if self.threshold is not None:
-            # Spike guard: a column outside the calibrated set that reaches the threshold in
-            # this batch leaves the int8 path (it would blow up the per-token scale) and is
-            # computed in float against its dequantized int8 weight (the bitsandbytes rule).
-            col_max = x2d.abs().amax(dim=0)
-            col_max[self.outlier_idx] = 0
-            extra = torch.nonzero(col_max >= self.threshold).flatten()
-            if extra.numel():
-                x_rest = x2d.clone()
-                x_rest[:, extra] = 0
-                w_extra = self.qweight[:, extra].to(torch.float32) * self.weight_scale.to(torch.float32).unsqueeze(1)
-                y = op(x_rest, self.qweight, self.weight_scale, self.outlier_idx, self.outlier_weight)
-                return (y.to(torch.float32) + x2d[:, extra].to(torch.float32) @ w_extra.t()).to(x2d.dtype)
-        return op(x2d, self.qweight, self.weight_scale, self.outlier_idx, self.outlier_weight)
+        if self.threshold is None:
+            return op(x2d, self.qweight, self.weight_scale, self.outlier_idx, self.outlier_weight)
+        return w8a8_outlier_gemm_guarded(x2d, self.qweight, self.weight_scale, self.outlier_idx,
+                                         self.outlier_weight, self.threshold, gemm=op)
 
 
 def _cat_bias(layers) -> torch.Tensor | None:

@@ -6,10 +6,10 @@ import torch
 from compress.architectures import get_arch
 from compress.config import ConfigError, from_dict
 from compress.ops import reference as ref
+from compress.ops.reference import w8a8_outlier_gemm_guarded
 from quantizers import primitives
 from quantizers.llm_int8 import LLMInt8Config, apply_llm_int8
-from quantizers.outliers import (column_absmax, find_outlier_columns, quantize_llm_int8,
-                                 w8a8_outlier_gemm_guarded)
+from quantizers.outliers import column_absmax, find_outlier_columns, quantize_llm_int8
 from qhelpers import build_tiny, plant_norm_outliers, rel_err, run_method
 
 PLANTED = [7, 31, 100]
