@@ -6,7 +6,9 @@ under torch.profiler and prints time per generated token by op, grouped.
 
 Groups: the packed GEMMs (our kernels, lm_head included when it is packed), dense
 matmuls, attention, norms, and everything else (views, copies, elementwise ops, the
-sampler): the last group is the per-token cost of running the model from Python.
+sampler). Decode only: a 1-token run (prefill) is profiled too and subtracted. The
+time of a step that falls in no op is the interpreter between ops (inflated by the
+profiler's own cost).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ GROUPS = [
     ("attention", ("compress::decode_attention", "aten::_scaled_dot_product", "aten::scaled_dot_product")),
     ("norms (compress::rms_norm, add_rms_norm)", ("compress::rms_norm", "compress::add_rms_norm")),
 ]
+OTHER = "other ops (views, copies, elementwise, sampling)"
 
 
 def main(argv=None) -> None:
@@ -38,27 +41,37 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     llm = LLM(args.path, threads=args.threads)
     prompt = [(7 * i) % (llm.config.vocab_size - 10) + 5 for i in range(args.prompt_len)]
-    params = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
     llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))  # warm-up
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        out = llm.generate([prompt], params)[0]
-    m = out.metrics
-    steps = m["decode_steps"]
-    print(f"decode: {steps} steps in {m['decode_s'] * 1e3:.1f} ms = {m['decode_s'] / steps * 1e3:.2f} ms/token "
-          f"({steps / m['decode_s']:.1f} tok/s) under the profiler; prefill {m['prefill_s'] * 1e3:.1f} ms")
-    # self time of every op; top-level python ops only count their own (self) time
-    totals: dict[str, float] = defaultdict(float)
-    calls: dict[str, int] = defaultdict(int)
-    for evt in prof.key_averages():
-        group = next((g for g, prefixes in GROUPS if evt.key.startswith(prefixes)), "other ops (views, copies, elementwise, sampling)")
-        totals[group] += evt.self_cpu_time_total
-        calls[group] += evt.count
-    whole = sum(totals.values())
-    n_tokens = steps + 1  # the profiled run also holds the prefill
+
+    def profiled(tokens: int):
+        """Self time and calls per op group of one generate() of ``tokens`` tokens."""
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            out = llm.generate([prompt], SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True))[0]
+        times: dict[str, float] = defaultdict(float)
+        calls: dict[str, int] = defaultdict(int)
+        for evt in prof.key_averages():
+            group = next((g for g, prefixes in GROUPS if evt.key.startswith(prefixes)), OTHER)
+            times[group] += evt.self_cpu_time_total
+            calls[group] += evt.count
+        return out.metrics, times, calls
+
+    # the prefill (and first token) is the same in both runs: the difference is the decode steps
+    _, t_prefill, c_prefill = profiled(1)
+    m, t_all, c_all = profiled(args.tokens)
+    steps = args.tokens - 1
+    print(f"decode: {m['decode_steps']} steps in {m['decode_s'] * 1e3:.1f} ms = "
+          f"{m['decode_s'] / m['decode_steps'] * 1e3:.2f} ms/token ({m['decode_steps'] / m['decode_s']:.1f} tok/s) "
+          f"under the profiler; per-group figures below are (run of {args.tokens} tokens - run of 1) / {steps}")
+    per_token = {g: (t_all[g] - t_prefill[g]) / 1e3 / steps for g in t_all}
+    whole = sum(per_token.values())
     print(f"{'group':<52} {'ms/token':>9} {'share':>7} {'calls/token':>12}")
-    for g, _ in GROUPS + [("other ops (views, copies, elementwise, sampling)", ())]:
-        print(f"{g:<52} {totals[g] / 1e3 / n_tokens:>9.2f} {100 * totals[g] / whole:>6.1f}% {calls[g] / n_tokens:>12.0f}")
-    print(f"{'all ops':<52} {whole / 1e3 / n_tokens:>9.2f} {100.0:>6.1f}%")
+    for g in [name for name, _ in GROUPS] + [OTHER]:
+        print(f"{g:<52} {per_token.get(g, 0.0):>9.2f} {100 * per_token.get(g, 0.0) / whole:>6.1f}% "
+              f"{(c_all[g] - c_prefill[g]) / steps:>12.0f}")
+    print(f"{'all ops':<52} {whole:>9.2f} {100.0:>6.1f}%")
+    step_ms = m["decode_s"] / m["decode_steps"] * 1e3
+    print(f"{'outside any op (Python between ops, profiler)':<52} {step_ms - whole:>9.2f}   of a "
+          f"{step_ms:.2f} ms step")
 
 
 if __name__ == "__main__":
