@@ -146,10 +146,10 @@ def _cache_evictor():
     return lambda: buf.sum()
 
 
-def time_cases(cases: list[Case], reps: int, budget_s: float, cold: bool = True) -> dict[str, float]:
-    """A B A B: each round calls every case once; medians per case. ``cold``: the caches
-    are flushed before every timed call (weights come from DRAM)."""
-    evict = _cache_evictor() if cold else (lambda: None)
+def time_cases(cases: list[Case], reps: int, budget_s: float, evict=None) -> dict[str, float]:
+    """A B A B: each round calls every case once; medians per case. ``evict`` (e.g.
+    :func:`_cache_evictor`) runs untimed before every timed call."""
+    evict = evict or (lambda: None)
     for c in cases:  # warm-up (and first-touch)
         c.fn()
     times: dict[str, list[float]] = {c.op + "|" + c.implementation: [] for c in cases}
@@ -175,13 +175,14 @@ def run(shapes, ms, impls=None, reps: int = 7, budget_s: float = 20.0, threads: 
     log(f"# threads={torch.get_num_threads()} isa={ops.cpu_isa() if ops.native_available('cpu') else 'none'} "
         f"DRAM read bandwidth (stream_read_sum over {bandwidth_bytes >> 20} MiB): "
         f"median {bw_before['median_gbps']:.1f} GB/s, best {bw_before['best_gbps']:.1f} GB/s")
+    evict = _cache_evictor() if cold else None  # one buffer for the whole sweep
     records: list[Record] = []
     header = f"{'op':<13} {'implementation':<32} {'M':>4} {'N':>6} {'K':>6} {'median ms':>10} {'GB/s':>7} {'GFLOP/s':>8}  ratios"
     log(header)
     for n, k in shapes:
         for m in ms:
             cases = build_cases(m, n, k, impls)
-            med = time_cases(cases, reps, budget_s, cold)
+            med = time_cases(cases, reps, budget_s, evict)
             recs = []
             for c in cases:
                 t = med[c.op + "|" + c.implementation]

@@ -120,8 +120,10 @@ def llamacpp_gguf(hf_dir: str, qtype: str, cache_dir: Path, converter: str | Non
         gguf_py = conv.parent / "gguf-py"
         if gguf_py.exists():
             env["PYTHONPATH"] = str(gguf_py) + ":" + env.get("PYTHONPATH", "")
-        subprocess.run([sys.executable, str(conv), hf_dir, "--outtype", "f16", "--outfile", str(f16)],
+        tmp = f16.with_suffix(".tmp")  # the cache must never hold a half-written file
+        subprocess.run([sys.executable, str(conv), hf_dir, "--outtype", "f16", "--outfile", str(tmp)],
                        check=True, env=env)
+        tmp.replace(f16)
     if qtype == "f16":
         return f16
     out = cache_dir / f"model-{qtype}.gguf"
@@ -129,9 +131,12 @@ def llamacpp_gguf(hf_dir: str, qtype: str, cache_dir: Path, converter: str | Non
         ftype = {"q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0}[qtype]
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype = ftype
-        rc = llama_cpp.llama_model_quantize(str(f16).encode(), str(out).encode(), params)
+        tmp = out.with_suffix(".tmp")
+        rc = llama_cpp.llama_model_quantize(str(f16).encode(), str(tmp).encode(), params)
         if rc != 0:
+            tmp.unlink(missing_ok=True)
             raise RuntimeError(f"llama_model_quantize failed ({rc})")
+        tmp.replace(out)
     return out
 
 
