@@ -2,6 +2,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -23,3 +24,13 @@ def tiny_family_dir(request, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO
+
+
+@pytest.fixture
+def one_thread():
+    """Many tiny ops gain nothing from threads; on a busy 2-core machine they thrash.
+    Directories of such tests use it autouse from their conftest."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

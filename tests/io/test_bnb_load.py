@@ -10,10 +10,7 @@ from compress.model_loading import load_model_for_compression
 from compress.runtime import LLM
 from compress.state import CompressionState, StepContext
 from quantizers.llm_int8 import LLMInt8Config, apply_llm_int8
-
-
-def snr_db(ref, x):
-    return float(10 * torch.log10(ref.pow(2).mean() / (ref - x).pow(2).mean()))
+from quantizers.primitives import sqnr_db
 
 
 @pytest.mark.slow
@@ -38,5 +35,5 @@ def test_llm_int8_export_loads_in_transformers_bitsandbytes(tmp_path, tiny_llama
         fp = model(x).logits
     ours = LLM(tmp_path / "q", kernels="reference").logits(x)
     # bitsandbytes runs in fp16 with its own dynamic outlier split; ours keeps calibrated columns
-    assert snr_db(ours, theirs) > 30
-    assert snr_db(fp, ours) > 30
+    assert sqnr_db(ours, theirs) > 30
+    assert sqnr_db(fp, ours) > 30

@@ -7,16 +7,11 @@ import torch
 
 import compress.ops as ops
 from compress.ops import reference
+from quantizers.primitives import sqnr_db
 
 pytestmark = pytest.mark.skipif(not ops.native_available("cpu"), reason="compress._C not built")
 
 ISAS = ops.cpu_isas_available() if ops.native_available("cpu") else []
-
-
-def sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
-    ref, out = ref.double(), out.double()
-    noise = (ref - out).pow(2).mean()
-    return float(10 * torch.log10(ref.pow(2).mean() / noise.clamp_min(1e-30)))
 
 
 @pytest.fixture(autouse=True)

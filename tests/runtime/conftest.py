@@ -13,12 +13,8 @@ from runtime_models import make_tokenizer, save_model  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from threads; on a busy 2-core machine they thrash."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _single_thread(one_thread):
+    """Tiny models (see tests/conftest.py::one_thread)."""
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ from compress.runtime.layers import DenseLinear, Int4Linear, Int8Linear, Int8Out
 from compress.runtime.loading import RuntimeCheckpoint
 from compress.runtime.models.llama import build_model
 
+from quantizers.primitives import sqnr_db
 from runtime_models import hf_model, tiny_config
 
 GROUP = 32
@@ -70,10 +71,6 @@ def quantized_pair(family: str, scheme: str, vocab: int):
     return RuntimeCheckpoint(config, state, quantized), model
 
 
-def snr_db(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return float(10 * torch.log10(ref.pow(2).mean() / (x - ref).pow(2).mean()))
-
-
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize("scheme", ["w4a16", "w8a8", "llm_int8"])
 def test_quantized_logits_match_dequantized_reference(tokenizer, family, scheme):
@@ -88,12 +85,12 @@ def test_quantized_logits_match_dequantized_reference(tokenizer, family, scheme)
     if scheme == "w4a16":   # weight-only: exact up to float rounding
         torch.testing.assert_close(got, expected, atol=2e-4, rtol=1e-4)
     else:                   # int8 activations add their own (small) error
-        assert snr_db(got, expected) > 25
+        assert sqnr_db(expected, got) > 25
     if native_available("cpu"):
         native = LLM.from_checkpoint(ckpt, tokenizer, kernels="native").logits(ids)
         # the native int4 kernel quantizes activations to int8 in blocks of 32 (as llama.cpp
         # does): ~45 dB per op, ~30 dB through a random model's logits
-        assert snr_db(native, got) > (25 if scheme == "w4a16" else 40)
+        assert sqnr_db(got, native) > (25 if scheme == "w4a16" else 40)
 
 
 def test_quantized_generation_uses_cache_consistently(tokenizer):
