@@ -4,6 +4,10 @@ under torch.profiler and prints time per generated token by op, grouped.
 
     python scripts/profile_decode.py /tmp/bench-llama/rtn-int4 --threads 2 --tokens 32
 
+By default decode runs each layer as one ``compress::decode_layer`` call, whose GEMMs,
+norms and attention are direct C++ calls inside it (one group); ``--module-path`` runs
+the layers op by op (``model.fused_decode = False``) to split the time by op.
+
 Groups: the packed GEMMs (our kernels, lm_head included when it is packed), dense
 matmuls, attention, norms, and everything else (views, copies, elementwise ops, the
 sampler). Decode only: a 1-token run (prefill) is profiled too and subtracted. The
@@ -19,6 +23,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 GROUPS = [
+    ("whole layers (compress::decode_layer)", ("compress::decode_layer",)),
     ("int4 GEMM (compress::w4a16_*)", ("compress::w4a16",)),
     ("int8 GEMM (compress::w8a8_*)", ("compress::w8a8",)),
     ("dense matmul (aten::mm/addmm/linear)", ("aten::mm", "aten::addmm")),
@@ -34,12 +39,15 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--tokens", type=int, default=32, help="tokens generated in the profiled run")
     p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--module-path", action="store_true",
+                   help="run decode layers op by op instead of one compress::decode_layer call each")
     args = p.parse_args(argv)
 
     from compress.runtime import LLM, SamplingParams
 
     torch.set_num_threads(args.threads)
     llm = LLM(args.path, threads=args.threads)
+    llm.model.fused_decode = not args.module_path
     prompt = [(7 * i) % (llm.config.vocab_size - 10) + 5 for i in range(args.prompt_len)]
     llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))  # warm-up
 

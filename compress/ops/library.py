@@ -26,6 +26,11 @@ SCHEMAS = {
     "rms_norm": "rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
     "add_rms_norm": "add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)",
     "decode_attention": "decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask) -> Tensor",
+    # a whole decoder layer for one decode step (reference.decode_layer documents it)
+    "decode_layer": ("decode_layer(Tensor x, Tensor attn_norm_weight, Tensor mlp_norm_weight, float eps, "
+                     "str[] schemes, int[] group_sizes, Tensor[] weights, Tensor?[] biases, Tensor cos, "
+                     "Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, int pos, Tensor? mask, "
+                     "int n_heads, int n_kv_heads) -> Tensor"),
     # helper for the benchmarks: a pure streaming read (DRAM bandwidth probe)
     "stream_read_sum": "stream_read_sum(Tensor buf) -> Tensor",
 }
@@ -39,6 +44,7 @@ REFERENCES = {
     "rms_norm": reference.rms_norm,
     "add_rms_norm": reference.add_rms_norm,
     "decode_attention": reference.decode_attention,
+    "decode_layer": reference.decode_layer,
     "stream_read_sum": reference.stream_read_sum,
 }
 
@@ -64,6 +70,10 @@ def _fake_decode_attention(q, k, v, mask=None):
     return q.new_empty((q.shape[0], q.shape[1] * q.shape[2]))
 
 
+def _fake_decode_layer(x, *args):
+    return torch.empty_like(x)
+
+
 def _fake_stream_read_sum(buf):
     return buf.new_empty((), dtype=torch.int64)
 
@@ -77,6 +87,7 @@ FAKES = {
     "rms_norm": _fake_rms_norm,
     "add_rms_norm": _fake_add_rms_norm,
     "decode_attention": _fake_decode_attention,
+    "decode_layer": _fake_decode_layer,
     "stream_read_sum": _fake_stream_read_sum,
 }
 

@@ -27,6 +27,10 @@ class DenseLinear(nn.Module):
     def prepare(self, backend: str = "native") -> None:
         pass
 
+    def decode_spec(self):
+        """``(scheme, group_size, tensors, bias)`` for ``compress::decode_layer``."""
+        return "dense", 0, [self.weight], self.bias
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return nn.functional.linear(x, self.weight.to(x.dtype),
                                     None if self.bias is None else self.bias.to(x.dtype))
@@ -48,6 +52,12 @@ class _OpLinear(nn.Module):
 
     def gemm(self, x2d: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def decode_spec(self):
+        """``(scheme, group_size, tensors, bias)`` naming this layer's weights the way
+        ``compress::decode_layer`` takes them (``reference.DECODE_LAYER_TENSORS``), or
+        ``None`` when the fused decode op has no form for it."""
+        return None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -102,6 +112,11 @@ class Int4Linear(_OpLinear):
         bias = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
         return self.qweight.numel() * 4 + scales + bias
 
+    def decode_spec(self):
+        if self.cpu_scales is None:
+            return None
+        return "w4a16_prepared", self.group_size, [self.qweight, *self.cpu_scales], self.bias
+
     def gemm(self, x2d):
         if self.cuda_layout is not None and x2d.dtype in (torch.float16, torch.bfloat16):
             qs, st, zt = self.cuda_layout
@@ -127,6 +142,9 @@ class Int8Linear(_OpLinear):
         self.qweight = self.qweight.contiguous()
         self.weight_scale = self.weight_scale.contiguous()
 
+    def decode_spec(self):
+        return "w8a8", 0, [self.qweight, self.weight_scale], self.bias
+
     def gemm(self, x2d):
         return get_op(self.op_name, self.backend)(x2d, self.qweight, self.weight_scale)
 
@@ -151,6 +169,11 @@ class Int8OutlierLinear(_OpLinear):
         self.weight_scale = self.weight_scale.contiguous()
         self.outlier_idx = self.outlier_idx.to(torch.long).contiguous()
         self.outlier_weight = self.outlier_weight.contiguous()
+
+    def decode_spec(self):
+        if self.threshold is not None:  # the spike guard runs in Python around the op
+            return None
+        return "llm_int8", 0, [self.qweight, self.weight_scale, self.outlier_idx, self.outlier_weight], self.bias
 
     def gemm(self, x2d):
         op = get_op(self.op_name, self.backend)

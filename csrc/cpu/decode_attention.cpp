@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cpu/kernel_common.h"
+#include "cpu/ops.h"
 
 namespace compress_cpu {
 namespace {

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "cpu/kernel_common.h"
+#include "cpu/ops.h"
 
 namespace compress_cpu {
 namespace {

@@ -3,6 +3,7 @@
 // The kernel core (quantization, scalar / AVX2 / AVX-512 VNNI tiles) is w8a8_kernel.h.
 #include <torch/library.h>
 
+#include "cpu/ops.h"
 #include "cpu/w8a8_kernel.h"
 
 namespace compress_cpu {

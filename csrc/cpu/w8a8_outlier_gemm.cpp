@@ -5,6 +5,7 @@
 // matrix is read once. Reference: reference.py::w8a8_outlier_gemm.
 #include <torch/library.h>
 
+#include "cpu/ops.h"
 #include "cpu/w8a8_kernel.h"
 
 namespace compress_cpu {

@@ -223,6 +223,66 @@ def test_decode_attention_rejects_bad_shapes():
         torch.ops.compress.decode_attention(torch.randn(2, 4, 16), k, k, torch.ones(2, 4, dtype=torch.bool))
 
 
+def decode_layer_case(scheme: str, dtype=torch.float32, b: int = 3, pos: int = 6, masked: bool = True):
+    """Arguments of compress::decode_layer for a small GQA layer (hidden 64, 4 q heads,
+    2 kv heads of 16, intermediate 96) whose four linears use ``scheme``; q/k/v and o biased."""
+    hidden, nq, nkv, d, inter = 64, 4, 2, 16, 96
+    shapes = [((nq + 2 * nkv) * d, hidden), (hidden, nq * d), (2 * inter, hidden), (hidden, inter)]
+    weights = []
+    for i, (n, k) in enumerate(shapes):
+        if scheme == "w4a16_prepared":
+            qweight, scales, zeros = make_int4(n, k, 32, seed=i)
+            weights += [qweight, *reference.w4a16_prepare_cpu(scales, zeros)]
+        elif scheme in ("w8a8", "llm_int8"):
+            weights += list(make_int8(n, k, seed=i))
+            if scheme == "llm_int8":
+                weights += [torch.tensor([1, 7, k - 1]), torch.randn(n, 3)]
+        else:
+            weights.append((torch.randn(n, k) / k ** 0.5).to(dtype))
+    biases = [torch.randn(shapes[0][0]).to(dtype), torch.randn(hidden).to(dtype), None, None]
+    mask = None
+    if masked:
+        mask = torch.rand(b, pos + 1) > 0.3
+        mask[:, pos] = True
+    caches = [torch.randn(b + 1, nkv, pos + 4, d).to(dtype) for _ in range(2)]
+    args = (torch.randn(b, hidden).to(dtype), (torch.rand(hidden) + 0.5).to(dtype), (torch.rand(hidden) + 0.5).to(dtype),
+            1e-5, [scheme] * 4, [32] * 4, weights, biases, torch.randn(b, d).to(dtype), torch.randn(b, d).to(dtype),
+            *caches, pos, mask, nq, nkv)
+    return args
+
+
+@pytest.mark.parametrize("scheme", ["w4a16_prepared", "w8a8", "llm_int8", "dense"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("masked", [False, True])
+def test_decode_layer_matches_reference(isa, scheme, dtype, masked):
+    args = decode_layer_case(scheme, dtype, masked=masked)
+    ref_args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+    got = torch.ops.compress.decode_layer(*args)
+    want = reference.decode_layer(*ref_args)
+    # the int4 kernel quantizes activations in blocks of 32 (~45 dB per GEMM); int8 and
+    # dense follow the reference's own rounding (bf16 rounds every elementwise step)
+    floor = {"w4a16_prepared": 25, "w8a8": 35, "llm_int8": 35, "dense": 60}[scheme]
+    assert got.shape == want.shape and got.dtype == dtype
+    assert sqnr_db(want, got) > (floor if dtype == torch.float32 else min(floor, 30))
+    pos, (k_got, v_got), (k_want, v_want) = args[12], args[10:12], ref_args[10:12]
+    for got_cache, want_cache in ((k_got, k_want), (v_got, v_want)):
+        torch.testing.assert_close(got_cache[:, :, :pos], want_cache[:, :, :pos], atol=0, rtol=0)  # untouched
+        torch.testing.assert_close(got_cache[:, :, pos + 1:], want_cache[:, :, pos + 1:], atol=0, rtol=0)
+        assert sqnr_db(want_cache[:3, :, pos], got_cache[:3, :, pos]) > min(floor, 30)
+
+
+def test_decode_layer_rejects_bad_arguments():
+    args = list(decode_layer_case("w8a8"))
+    with pytest.raises(RuntimeError, match="unknown linear scheme 'int3'"):
+        torch.ops.compress.decode_layer(*args[:4], ["int3"] * 4, *args[5:])
+    with pytest.raises(RuntimeError, match="the schemes take 8"):
+        torch.ops.compress.decode_layer(*args[:6], args[6] + [args[6][0]], *args[7:])
+    with pytest.raises(RuntimeError, match="caches must be"):
+        torch.ops.compress.decode_layer(*args[:12], 99, *args[13:])   # slot beyond the cache
+    with pytest.raises(RuntimeError, match="qkv linear gives"):
+        torch.ops.compress.decode_layer(*args[:14], 2, 2)             # heads that do not fit qkv
+
+
 def test_opcheck():
     qweight, scales, zeros = make_int4(16, 128, 64)
     q, s = make_int8(16, 128)
@@ -241,5 +301,6 @@ def test_opcheck():
          (torch.randn(2, 4, 16), torch.randn(2, 2, 7, 16), torch.randn(2, 2, 7, 16),
           torch.tensor([[True, False] * 3 + [True]] * 2))),
     ]
+    cases.append((torch.ops.compress.decode_layer.default, decode_layer_case("w4a16_prepared")))
     for op, args in cases:
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))

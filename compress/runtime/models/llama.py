@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from compress.architectures import ArchSpec, get_arch
-from compress.ops import get_op
+from compress.ops import get_op, native_available
 from compress.runtime.layers import LAYER_CLASSES, LINEAR_TYPES, fuse_linears
 from compress.runtime.models.rope import apply_rope, inverse_frequencies, rope_tables
 
@@ -111,6 +111,26 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.attn, self.mlp, self.attn_norm, self.mlp_norm = attn, mlp, attn_norm, mlp_norm
         self.window = window
+        self.decode_args: tuple | None = None
+
+    def prepare_decode(self, backend: str) -> None:
+        """Collect this layer's tensors for ``compress::decode_layer`` (the whole layer in
+        one native call per decode step) when the native CPU kernels are loaded and every
+        linear has a form the op takes (q/k/v and gate/up fused, no LLM.int8 spike guard).
+        Otherwise ``decode_args`` stays ``None`` and decode runs the modules."""
+        self.decode_args = None
+        attn, mlp = self.attn, self.mlp
+        if (backend != "native" or not native_available("cpu") or self.attn_norm.weight.device.type != "cpu"
+                or attn.qkv_proj is None or mlp.gate_up_proj is None):
+            return
+        specs = [linear.decode_spec() for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+        if any(spec is None for spec in specs):
+            return
+        if any(spec[0] == "dense" and spec[2][0].dtype != self.attn_norm.weight.dtype for spec in specs):
+            return
+        self.decode_args = (self.attn_norm.weight, self.mlp_norm.weight, self.attn_norm.eps,
+                            [spec[0] for spec in specs], [spec[1] for spec in specs],
+                            [t for spec in specs for t in spec[2]], [spec[3] for spec in specs])
 
     def forward(self, x, cos, sin, kv, start, mask, is_causal):
         a = self.attn(self.attn_norm(x), cos, sin, kv, start, mask, is_causal)
@@ -131,6 +151,9 @@ class LlamaFamilyModel(nn.Module):
         cos, sin = rope_tables(inv_freq, max_seq_len)
         self.register_buffer("rope_cos", cos.to(embed.device), persistent=False)
         self.register_buffer("rope_sin", sin.to(embed.device), persistent=False)
+        # decode steps run each layer as one compress::decode_layer call where every layer
+        # allows it (DecoderLayer.prepare_decode); False forces the module path
+        self.fused_decode = True
 
     @property
     def dtype(self) -> torch.dtype:
@@ -150,9 +173,12 @@ class LlamaFamilyModel(nn.Module):
         ``start .. start+T-1``; ``key_valid [B, start+T]`` marks real (non-pad) slots,
         ``None`` when all are real."""
         x = F.embedding(input_ids, self.embed)
+        t = input_ids.shape[1]
+        if t == 1 and kv_cache is not None and self.fused_decode \
+                and all(layer.decode_args is not None for layer in self.layers):
+            return self.norm(self._decode_fused(x, positions, kv_cache, start, key_valid))
         cos = self.rope_cos[positions].to(x.dtype).unsqueeze(1)
         sin = self.rope_sin[positions].to(x.dtype).unsqueeze(1)
-        t = input_ids.shape[1]
         masks: dict = {}
         for i, layer in enumerate(self.layers):
             if layer.window not in masks:
@@ -161,6 +187,26 @@ class LlamaFamilyModel(nn.Module):
             kv = None if kv_cache is None else kv_cache.layer(i)
             x = layer(x, cos, sin, kv, start, mask, is_causal)
         return self.norm(x)
+
+    def _decode_fused(self, x: torch.Tensor, positions: torch.Tensor, kv_cache, start: int,
+                      key_valid: torch.Tensor | None) -> torch.Tensor:
+        """A decode step (one token per row, written at cache slot ``start``), one
+        ``compress::decode_layer`` call per layer. ``x [B, 1, H]`` -> ``[B, 1, H]``."""
+        b = x.shape[0]
+        h = x.view(b, -1)
+        cos = self.rope_cos[positions[:, 0]].to(h.dtype)
+        sin = self.rope_sin[positions[:, 0]].to(h.dtype)
+        n_heads = self.layers[0].attn.n_heads
+        op = torch.ops.compress.decode_layer
+        masks: dict = {}
+        for i, layer in enumerate(self.layers):
+            if layer.window not in masks:
+                mask, _ = attention_mask(1, start, key_valid, layer.window, h.device)
+                masks[layer.window] = None if mask is None else mask.reshape(mask.shape[0], mask.shape[-1])
+            k_cache, v_cache = kv_cache.layer(i)
+            h = op(h, *layer.decode_args, cos, sin, k_cache, v_cache, start, masks[layer.window],
+                   n_heads, self.n_kv_heads)
+        return h.view(b, 1, -1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
@@ -283,4 +329,6 @@ def build_model(ckpt, dtype: torch.dtype = torch.float32, device="cpu", kernels:
     for module in model.modules():
         if isinstance(module, (*LINEAR_TYPES, RMSNorm, Attention)):
             module.prepare(kernels)
+    for layer in layers:
+        layer.prepare_decode(kernels)
     return model.eval()

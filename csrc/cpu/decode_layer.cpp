@@ -1,0 +1,173 @@
+// compress::decode_layer on CPU: one whole Llama-family decoder layer for a decode step
+// (one new token per row), in one call. Reference: compress/ops/reference.py::decode_layer.
+//
+//   h = rms_norm(x); qkv = W_qkv h; rope(q, k); cache[pos] = k, v
+//   a = W_o attention(q, cache[0..pos]); (h2, x2) = add_rms_norm(a, x)
+//   out = x2 + W_down (silu(g) * u), (g, u) = W_gate_up h2
+//
+// Why: at batch 1 a 345M model's layer is ~11 small kernels and ~80 PyTorch ops
+// (views, slices, rope, cache writes) whose dispatch cost as much as the GEMMs. Here
+// the GEMMs, norms and attention are the same C++ functions their own ops register
+// (cpu/ops.h), called directly; rope, the cache write and SwiGLU are plain loops.
+// Elementwise steps round to x's dtype where the PyTorch layer does (rope's two
+// products and their sum, silu then the product), so fp32 matches it exactly up to exp.
+//
+// Each of the four linears (qkv, o, gate_up, down) names its scheme and takes that
+// many tensors from `weights`, in order:
+//   w4a16_prepared: qweight, scale, scaled_zero (fp32, reference.w4a16_prepare_cpu)
+//   w8a8:           qweight, weight_scale
+//   llm_int8:       qweight, weight_scale, outlier_idx, outlier_weight (static set)
+//   dense:          weight [N, K]
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cpu/kernel_common.h"
+#include "cpu/ops.h"
+
+namespace compress_cpu {
+namespace {
+
+struct Linear {
+  std::string scheme;
+  int64_t group_size = 0;
+  const at::Tensor* w = nullptr;  // first of this linear's tensors in `weights`
+  c10::optional<at::Tensor> bias;
+};
+
+int64_t tensors_of(const std::string& scheme) {
+  if (scheme == "w4a16_prepared") return 3;
+  if (scheme == "w8a8") return 2;
+  if (scheme == "llm_int8") return 4;
+  if (scheme == "dense") return 1;
+  TORCH_CHECK(false, "decode_layer: unknown linear scheme '", scheme,
+              "'; expected w4a16_prepared, w8a8, llm_int8 or dense");
+}
+
+at::Tensor run_linear(const Linear& l, const at::Tensor& x) {
+  at::Tensor y;
+  if (l.scheme == "w4a16_prepared") y = w4a16_gemm_prepared(x, l.w[0], l.w[1], l.w[2], l.group_size);
+  else if (l.scheme == "w8a8") y = w8a8_gemm(x, l.w[0], l.w[1]);
+  else if (l.scheme == "llm_int8") y = w8a8_outlier_gemm(x, l.w[0], l.w[1], l.w[2], l.w[3]);
+  else y = at::mm(x, l.w[0].to(x.scalar_type()).t());
+  if (l.bias.has_value()) y.add_(l.bias->to(y.scalar_type()));
+  return y;
+}
+
+// Rotates q and k heads of one qkv row block (rotate-half convention, products and sum
+// rounded to T as x * cos + rotate_half(x) * sin is), writes q to `q` [B, nq, D] and
+// k, v into the caches at slot `pos`.
+template <typename T>
+void rope_and_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& q,
+                    at::Tensor& k_cache, at::Tensor& v_cache, int64_t pos, int64_t nq, int64_t nkv) {
+  const int64_t B = qkv.size(0), D = cos.size(1), half = D / 2, heads = nq + 2 * nkv;
+  const T* src_base = qkv.data_ptr<T>();
+  const T* cos_base = cos.data_ptr<T>();
+  const T* sin_base = sin.data_ptr<T>();
+  T* qp = q.data_ptr<T>();
+  T* kp = k_cache.data_ptr<T>();
+  T* vp = v_cache.data_ptr<T>();
+  const int64_t ks0 = k_cache.stride(0), ks1 = k_cache.stride(1), ks2 = k_cache.stride(2);
+  const int64_t vs0 = v_cache.stride(0), vs1 = v_cache.stride(1), vs2 = v_cache.stride(2);
+  for (int64_t b = 0; b < B; ++b) {
+    const T* c = cos_base + b * cos.stride(0);
+    const T* s = sin_base + b * sin.stride(0);
+    for (int64_t h = 0; h < heads; ++h) {
+      const T* x = src_base + b * qkv.stride(0) + h * D;
+      if (h >= nq + nkv) {  // v: stored as is
+        std::copy_n(x, D, vp + b * vs0 + (h - nq - nkv) * vs1 + pos * vs2);
+        continue;
+      }
+      T* dst = h < nq ? qp + (b * nq + h) * D : kp + b * ks0 + (h - nq) * ks1 + pos * ks2;
+      for (int64_t d = 0; d < D; ++d) {
+        const float rot = d < half ? -static_cast<float>(x[d + half]) : static_cast<float>(x[d - half]);
+        const T a = static_cast<T>(static_cast<float>(x[d]) * static_cast<float>(c[d]));
+        const T r = static_cast<T>(rot * static_cast<float>(s[d]));
+        dst[d] = static_cast<T>(static_cast<float>(a) + static_cast<float>(r));
+      }
+    }
+  }
+}
+
+// out[b, i] = silu(g[b, i]) * u[b, i] with gu = [g | u] per row; silu rounded to T first.
+template <typename T>
+void silu_mul(const at::Tensor& gu, at::Tensor& out) {
+  const int64_t B = gu.size(0), I = out.size(1);
+  const T* src = gu.data_ptr<T>();
+  T* dst = out.data_ptr<T>();
+  at::parallel_for(0, B * I, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t e = begin; e < end; ++e) {
+      const int64_t b = e / I, i = e % I;
+      const float g = static_cast<float>(src[b * 2 * I + i]);
+      const T act = static_cast<T>(g / (1.f + std::exp(-g)));
+      dst[e] = static_cast<T>(static_cast<float>(act) * static_cast<float>(src[b * 2 * I + I + i]));
+    }
+  });
+}
+
+}  // namespace
+
+at::Tensor decode_layer(const at::Tensor& x_in, const at::Tensor& attn_norm_weight, const at::Tensor& mlp_norm_weight,
+                        double eps, std::vector<std::string> schemes, std::vector<int64_t> group_sizes,
+                        std::vector<at::Tensor> weights, const c10::List<c10::optional<at::Tensor>>& biases,
+                        const at::Tensor& cos_in, const at::Tensor& sin_in, at::Tensor& k_cache, at::Tensor& v_cache,
+                        int64_t pos, const c10::optional<at::Tensor>& mask, int64_t n_heads, int64_t n_kv_heads) {
+  TORCH_CHECK(schemes.size() == 4 && group_sizes.size() == 4 && biases.size() == 4,
+              "decode_layer: schemes, group_sizes and biases need one entry per linear (qkv, o, gate_up, down)");
+  std::vector<Linear> lin(4);
+  size_t next = 0;
+  for (int i = 0; i < 4; ++i) {
+    const int64_t n = tensors_of(schemes[i]);
+    TORCH_CHECK(next + n <= weights.size(), "decode_layer: weights has ", weights.size(),
+                " tensors, fewer than the schemes need");
+    lin[i] = Linear{schemes[i], group_sizes[i], weights.data() + next, biases.get(i)};
+    next += n;
+  }
+  TORCH_CHECK(next == weights.size(), "decode_layer: weights has ", weights.size(), " tensors, the schemes take ", next);
+  TORCH_CHECK(x_in.dim() == 2, "decode_layer: x must be [B, hidden], got ", x_in.sizes());
+  const at::Tensor x = x_in.contiguous();
+  const int64_t B = x.size(0), D = cos_in.size(-1), nq = n_heads, nkv = n_kv_heads;
+  TORCH_CHECK(cos_in.dim() == 2 && cos_in.size(0) == B && sin_in.sizes() == cos_in.sizes() && D % 2 == 0,
+              "decode_layer: cos and sin must be [B, head_dim] = [", B, ", D], got ", cos_in.sizes(), " and ",
+              sin_in.sizes());
+  TORCH_CHECK(cos_in.scalar_type() == x.scalar_type() && sin_in.scalar_type() == x.scalar_type(),
+              "decode_layer: cos and sin must have x's dtype ", x.scalar_type());
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() && k_cache.size(0) >= B &&
+                  k_cache.size(1) == nkv && k_cache.size(3) == D && pos >= 0 && pos < k_cache.size(2),
+              "decode_layer: caches must be [>=B, n_kv_heads, >pos, head_dim] = [>=", B, ", ", nkv, ", >", pos, ", ",
+              D, "], got k ", k_cache.sizes(), " v ", v_cache.sizes());
+  TORCH_CHECK(k_cache.scalar_type() == x.scalar_type() && v_cache.scalar_type() == x.scalar_type() &&
+                  k_cache.stride(3) == 1 && v_cache.stride(3) == 1,
+              "decode_layer: caches must have x's dtype and a contiguous last dim");
+  TORCH_CHECK(nkv > 0 && nq % nkv == 0, "decode_layer: n_heads ", nq, " must be a multiple of n_kv_heads ", nkv);
+  const at::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
+
+  const at::Tensor h = rms_norm(x, attn_norm_weight, eps);
+  const at::Tensor qkv = run_linear(lin[0], h).contiguous();
+  TORCH_CHECK(qkv.size(1) == (nq + 2 * nkv) * D, "decode_layer: qkv linear gives ", qkv.size(1),
+              " features, expected (n_heads + 2 n_kv_heads) * head_dim = ", (nq + 2 * nkv) * D);
+  at::Tensor q = at::empty({B, nq, D}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "decode_layer_rope", [&] {
+    rope_and_store<scalar_t>(qkv, cos, sin, q, k_cache, v_cache, pos, nq, nkv);
+  });
+  const at::Tensor attn = decode_attention(q, k_cache.narrow(0, 0, B).narrow(2, 0, pos + 1),
+                                           v_cache.narrow(0, 0, B).narrow(2, 0, pos + 1), mask);
+  const at::Tensor a = run_linear(lin[1], attn);
+  auto normed = add_rms_norm(a, x, mlp_norm_weight, eps);
+  const at::Tensor gu = run_linear(lin[2], std::get<0>(normed)).contiguous();
+  TORCH_CHECK(gu.size(1) % 2 == 0, "decode_layer: gate_up linear gives an odd feature count ", gu.size(1));
+  at::Tensor act = at::empty({B, gu.size(1) / 2}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "decode_layer_silu",
+                                  [&] { silu_mul<scalar_t>(gu, act); });
+  at::Tensor out = std::get<1>(normed);
+  out.add_(run_linear(lin[3], act));
+  return out;
+}
+
+}  // namespace compress_cpu
+
+TORCH_LIBRARY_IMPL(compress, CPU, m) { m.impl("decode_layer", &compress_cpu::decode_layer); }
