@@ -62,7 +62,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--base", required=True)
     p.add_argument("--rtn", required=True)
-    p.add_argument("--awq", required=True)
+    p.add_argument("--awq", required=True, nargs="+", help="one or more AWQ checkpoints (each compared)")
     p.add_argument("--text", nargs="*", default=[])
     p.add_argument("--site-packages", type=float, default=0.0, metavar="MB",
                    help="add this many MB of installed packages' docstrings")
@@ -80,24 +80,28 @@ def main(argv=None) -> None:
     texts = [(f, Path(f).read_text(encoding="utf-8")) for f in args.text]
     if args.site_packages:
         texts.append((f"site-packages docstrings ({args.site_packages} MB)", site_packages_text(args.site_packages)))
-    models = {name: LLM(path, kernels=args.kernels) for name, path in
-              (("base", args.base), ("rtn", args.rtn), ("awq", args.awq))}
+    paths = [("base", args.base), ("rtn", args.rtn)] + [(f"awq:{path}", path) for path in args.awq]
+    models = {name: LLM(path, kernels=args.kernels) for name, path in paths}
     gen = torch.Generator().manual_seed(0)
     for label, text in texts:
         ids = torch.tensor(models["base"].encode(text, add_special_tokens=False))
         nll = {name: window_nll(llm, ids, args.seq_len) for name, llm in models.items()}
         n_tok = nll["base"].numel() * (args.seq_len - 1)
         ppl = {name: float(torch.exp(v.sum() / n_tok)) for name, v in nll.items()}
-        d_rtn, d_awq = nll["rtn"] - nll["base"], nll["awq"] - nll["base"]
-        ratio = float(d_awq.sum() / d_rtn.sum())
-        idx = torch.randint(0, d_rtn.numel(), (args.reps, d_rtn.numel()), generator=gen)
-        boot = d_awq[idx].sum(1) / d_rtn[idx].sum(1)
-        lo, hi = (float(v) for v in torch.quantile(boot, torch.tensor([0.05, 0.95], dtype=boot.dtype)))
         print(f"{label}: {nll['base'].numel()} windows x {args.seq_len} tokens ({n_tok} scored)")
-        print(f"  perplexity base {ppl['base']:.3f}  rtn {ppl['rtn']:.3f} ({100 * (ppl['rtn'] / ppl['base'] - 1):+.3f}%)"
-              f"  awq {ppl['awq']:.3f} ({100 * (ppl['awq'] / ppl['base'] - 1):+.3f}%)")
-        print(f"  AWQ gap / RTN gap = {ratio:.2f}; bootstrap 90% interval [{lo:.2f}, {hi:.2f}]; "
-              f"P(ratio <= 0.5) = {float((boot <= 0.5).double().mean()):.2f}")
+        print(f"  perplexity base {ppl['base']:.3f}  rtn {ppl['rtn']:.3f} ({100 * (ppl['rtn'] / ppl['base'] - 1):+.3f}%)")
+        d_rtn = nll["rtn"] - nll["base"]
+        idx = torch.randint(0, d_rtn.numel(), (args.reps, d_rtn.numel()), generator=gen)
+        for name in models:
+            if not name.startswith("awq:"):
+                continue
+            d_awq = nll[name] - nll["base"]
+            ratio = float(d_awq.sum() / d_rtn.sum())
+            boot = d_awq[idx].sum(1) / d_rtn[idx].sum(1)
+            lo, hi = (float(v) for v in torch.quantile(boot, torch.tensor([0.05, 0.95], dtype=boot.dtype)))
+            print(f"  {name}: perplexity {ppl[name]:.3f} ({100 * (ppl[name] / ppl['base'] - 1):+.3f}%); "
+                  f"AWQ gap / RTN gap = {ratio:.2f}, bootstrap 90% interval [{lo:.2f}, {hi:.2f}], "
+                  f"P(ratio <= 0.5) = {float((boot <= 0.5).double().mean()):.2f}")
 
 
 if __name__ == "__main__":
