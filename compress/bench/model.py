@@ -1,7 +1,8 @@
 """``compress bench model PATH``: prefill and decode tokens/s of a checkpoint on the
 compress runtime, at batch 1 and 16, beside llama.cpp (Q4_0 / Q8_0 / F16 GGUF made from
 the dense HF source with llama.cpp's own converter and quantizer) and transformers
-``generate()``, with the bandwidth limit (DRAM read GB/s / weight bytes per token)."""
+``generate()``, with the bandwidth limit (DRAM read GB/s / weight bytes per token).
+Engines alternate round by round (medians over ``--reps`` rounds)."""
 from __future__ import annotations
 
 import json
@@ -54,33 +55,26 @@ def _streamed_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-# ---------------------------------------------------------------- compress runtime
-def bench_compress(path: str, batch: int, prompt_len: int, new_tokens: int, threads: int, dtype: str,
-                   reps: int) -> tuple[dict, int, str]:
-    from compress.runtime import LLM, SamplingParams
+# Every engine below is prepared first (loaded, warmed up) and returns ``one_round()``
+# -> ``(prefill tok/s, decode tok/s)``; ``run`` then calls all of them in turn, round
+# after round, so that the machine's drift over minutes hits every engine alike.
 
-    llm = LLM(path, dtype=dtype, kernels="native", threads=threads, max_batch_size=max(batch, 1))
+# ---------------------------------------------------------------- compress runtime
+def compress_runner(llm, batch: int, prompt_len: int, new_tokens: int):
+    from compress.runtime import SamplingParams
+
     prompts = _prompts(batch, prompt_len, llm.config.vocab_size)
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))  # warm-up
-    pre, dec = [], []
-    for _ in range(reps):
-        outs = llm.generate(prompts, params)
-        m = outs[0].metrics
-        pre.append(m["prompt_tokens"] / m["prefill_s"])
-        dec.append(m["batch_size"] * m["decode_steps"] / m["decode_s"])
-    schemes = sorted({getattr(mod, "scheme", None) for mod in llm.model.modules()} - {None})
-    return {"prefill": _median(pre), "decode": _median(dec)}, _streamed_bytes(llm.model), "+".join(schemes)
+
+    def one_round():
+        m = llm.generate(prompts, params)[0].metrics
+        return m["prompt_tokens"] / m["prefill_s"], m["batch_size"] * m["decode_steps"] / m["decode_s"]
+    return one_round
 
 
 # ---------------------------------------------------------------- transformers
-def bench_transformers(hf_dir: str, batch: int, prompt_len: int, new_tokens: int, threads: int, dtype: str,
-                       reps: int) -> tuple[dict, int]:
-    from transformers import AutoModelForCausalLM
-
-    torch.set_num_threads(threads)
-    tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=tdtype).eval()
+def transformers_runner(model, batch: int, prompt_len: int, new_tokens: int):
     ids = torch.tensor(_prompts(batch, prompt_len, model.config.vocab_size))
     kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
 
@@ -91,13 +85,12 @@ def bench_transformers(hf_dir: str, batch: int, prompt_len: int, new_tokens: int
         return time.perf_counter() - t0
 
     gen(2)
-    pre, dec = [], []
-    for _ in range(reps):
+
+    def one_round():
         t1 = gen(1)
         tn = gen(new_tokens)
-        pre.append(batch * prompt_len / t1)
-        dec.append(batch * (new_tokens - 1) / max(tn - t1, 1e-9))
-    return {"prefill": _median(pre), "decode": _median(dec)}, _streamed_bytes(model)
+        return batch * prompt_len / t1, batch * (new_tokens - 1) / max(tn - t1, 1e-9)
+    return one_round
 
 
 # ---------------------------------------------------------------- llama.cpp
@@ -140,28 +133,28 @@ def llamacpp_gguf(hf_dir: str, qtype: str, cache_dir: Path, converter: str | Non
     return out
 
 
-def bench_llamacpp(gguf: Path, prompt_len: int, new_tokens: int, threads: int, vocab: int, reps: int) -> dict:
+def llamacpp_runner(gguf: Path, prompt_len: int, new_tokens: int, threads: int, vocab: int):
     """Batch 1 only: llama-cpp-python's Llama drives one sequence."""
     import llama_cpp
 
     llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=prompt_len + new_tokens + 8, n_threads=threads,
                           n_threads_batch=threads, n_batch=max(prompt_len, 32), verbose=False)
     prompt = _prompts(1, prompt_len, vocab)[0]
-    pre, dec = [], []
-    for r in range(reps + 1):
+
+    def one_round():
         llm.reset()
         t0 = time.perf_counter()
         llm.eval(prompt)
         t1 = time.perf_counter()
         tok = prompt[-1]
-        for i in range(new_tokens):
+        for _ in range(new_tokens):
             llm.eval([tok])
             tok = (tok * 31 + 7) % (vocab - 3) + 3  # token values do not change the work
         t2 = time.perf_counter()
-        if r:  # first round warms up
-            pre.append(prompt_len / (t1 - t0))
-            dec.append(new_tokens / (t2 - t1))
-    return {"prefill": _median(pre), "decode": _median(dec)}
+        return prompt_len / (t1 - t0), new_tokens / (t2 - t1)
+
+    one_round()  # warm-up
+    return one_round
 
 
 # ---------------------------------------------------------------- command
@@ -171,29 +164,26 @@ def run(args, log=print) -> dict:
     bw = read_bandwidth(int(args.bandwidth_mib) << 20)
     gbps = bw["best_gbps"]
     log(f"# threads={threads} DRAM read bandwidth: best {gbps:.1f} GB/s (median {bw['median_gbps']:.1f})")
-    records: list[ModelRecord] = []
-
-    def add(engine, scheme, batch, res, nbytes):
-        limit = gbps * 1e9 / nbytes * batch if nbytes else float("nan")
-        rec = ModelRecord(engine, scheme, batch, threads, args.prompt_len, args.new_tokens,
-                          res["prefill"], res["decode"], nbytes, limit)
-        records.append(rec)
-        log(f"{engine:<13} {scheme:<14} batch {batch:>3}  prefill {rec.prefill_tok_s:8.1f} tok/s  "
-            f"decode {rec.decode_tok_s:7.1f} tok/s  (limit {limit:7.1f} tok/s, {nbytes / 1e6:6.1f} MB/token)")
-
+    runners = []   # (engine, scheme, batch, weight bytes per token, one_round)
     engines = set(args.engines)
-    for path in args.paths:
-        if "compress" in engines:
+    if "compress" in engines:
+        from compress.runtime import LLM
+        for path in args.paths:
+            llm = LLM(path, dtype=args.dtype, kernels="native", threads=threads, max_batch_size=max(args.batch))
+            scheme = "+".join(sorted({getattr(mod, "scheme", None) for mod in llm.model.modules()} - {None}))
             for b in args.batch:
-                res, nbytes, scheme = bench_compress(path, b, args.prompt_len, args.new_tokens, threads, args.dtype,
-                                                     args.reps)
-                add("compress", scheme, b, res, nbytes)
+                runners.append(("compress", scheme, b, _streamed_bytes(llm.model),
+                                compress_runner(llm, b, args.prompt_len, args.new_tokens)))
     hf = args.hf
     if hf and "transformers" in engines:
+        from transformers import AutoModelForCausalLM
         for dt in args.hf_dtypes:
+            tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dt]
+            model = AutoModelForCausalLM.from_pretrained(hf, dtype=tdtype).eval()
+            torch.set_num_threads(threads)
             for b in args.batch:
-                res, nbytes = bench_transformers(hf, b, args.prompt_len, args.new_tokens, threads, dt, args.reps)
-                add("transformers", dt, b, res, nbytes)
+                runners.append(("transformers", dt, b, _streamed_bytes(model),
+                                transformers_runner(model, b, args.prompt_len, args.new_tokens)))
     if hf and "llamacpp" in engines:
         cfg = json.loads((Path(hf) / "config.json").read_text())
         cache = Path(args.gguf_dir or (Path(hf).parent / "gguf"))
@@ -201,8 +191,21 @@ def run(args, log=print) -> dict:
             gguf = llamacpp_gguf(hf, qt, cache, args.llamacpp_converter)
             nbytes = gguf.stat().st_size - cfg["vocab_size"] * cfg["hidden_size"] * {"f16": 2, "q8_0": 34 / 32,
                                                                                         "q4_0": 18 / 32}[qt]
-            res = bench_llamacpp(gguf, args.prompt_len, args.new_tokens, threads, cfg["vocab_size"], args.reps)
-            add("llama.cpp", qt, 1, res, int(nbytes))
+            runners.append(("llama.cpp", qt, 1, int(nbytes),
+                            llamacpp_runner(gguf, args.prompt_len, args.new_tokens, threads, cfg["vocab_size"])))
+    rounds: list[list[tuple[float, float]]] = [[] for _ in runners]
+    for r in range(args.reps):
+        log(f"# round {r + 1}/{args.reps}: every engine in turn")
+        for i, runner in enumerate(runners):
+            rounds[i].append(runner[4]())
+    records: list[ModelRecord] = []
+    for (engine, scheme, batch, nbytes, _), res in zip(runners, rounds):
+        limit = gbps * 1e9 / nbytes * batch if nbytes else float("nan")
+        rec = ModelRecord(engine, scheme, batch, threads, args.prompt_len, args.new_tokens,
+                          _median([p for p, _ in res]), _median([d for _, d in res]), nbytes, limit)
+        records.append(rec)
+        log(f"{engine:<13} {scheme:<14} batch {batch:>3}  prefill {rec.prefill_tok_s:8.1f} tok/s  "
+            f"decode {rec.decode_tok_s:7.1f} tok/s  (limit {limit:7.1f} tok/s, {nbytes / 1e6:6.1f} MB/token)")
     for line in decode_ratios(records):
         log(line)
     return {"bandwidth": bw, "records": [asdict(r) for r in records]}

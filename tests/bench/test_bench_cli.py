@@ -51,3 +51,26 @@ def test_decode_ratios_pair_engines_by_bit_width_and_batch():
         "# decode, batch 1: compress w4a16+w8a8 = 0.50x llama.cpp q4_0, 5.00x transformers float32",
         "# decode, batch 1: compress w8a8 = 0.50x llama.cpp q8_0, 3.00x transformers float32",
     ]
+
+
+def test_model_bench_alternates_engines_and_writes_records(tmp_path, tiny_llama_dir):
+    """compress and transformers on a tiny model, two rounds: one record per engine x
+    scheme x batch, medians of both rounds, bandwidth limits from the measured probe."""
+    out = tmp_path / "m.json"
+    log = []
+    a = _parser().parse_args(["bench", "model", str(tiny_llama_dir), "--hf", str(tiny_llama_dir),
+                              "--engines", "compress", "transformers", "--hf-dtypes", "float32", "--batch", "1", "2",
+                              "--prompt-len", "8", "--new-tokens", "4", "--reps", "2", "--threads", "1",
+                              "--bandwidth-mib", "8", "--json", str(out)])
+    from compress.bench import model
+    result = model.run(a, log=log.append)
+    assert [line for line in log if line.startswith("# round")] == ["# round 1/2: every engine in turn",
+                                                                    "# round 2/2: every engine in turn"]
+    recs = result["records"]
+    assert [(r["engine"], r["batch"]) for r in recs] == [("compress", 1), ("compress", 2),
+                                                         ("transformers", 1), ("transformers", 2)]
+    for r in recs:
+        assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["weight_bytes_per_token"] > 0
+        bw = result["bandwidth"]["best_gbps"]
+        assert abs(r["bandwidth_limit_tok_s"] - bw * 1e9 / r["weight_bytes_per_token"] * r["batch"]) < 1e-6 * r["bandwidth_limit_tok_s"]
+    assert any(line.startswith("# decode, batch 2: compress") for line in log)
