@@ -9,6 +9,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <immintrin.h>
+
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -73,6 +75,123 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
   });
 }
 
+// fp32 on AVX2 + FMA: the q heads that share a kv head are done together (each K / V row
+// is read once per group, not once per head) with 8-wide FMAs over D (D % 8 == 0).
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// e^x for x <= 0 (softmax after subtracting the max): Cody-Waite range reduction by ln 2,
+// a degree-6 polynomial on [-ln2/2, ln2/2] (relative error ~2e-7), 2^n through the
+// exponent bits; x below -87.3 (and -inf, a masked key) gives 0.
+inline __m256 exp_nonpositive(__m256 x) {
+  const __m256 lowest = _mm256_set1_ps(-87.33654f);
+  const __m256 underflow = _mm256_cmp_ps(x, lowest, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lowest);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(underflow, _mm256_mul_ps(y, _mm256_castsi256_ps(pow2n)));
+}
+
+void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* mask,
+                     int64_t mask_rows, at::Tensor& out) {
+  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = k.size(1), S = k.size(2);
+  const int64_t group = Hq / Hkv;
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t qs0 = q.stride(0), qs1 = q.stride(1);
+  const int64_t ks0 = k.stride(0), ks1 = k.stride(1), ks2 = k.stride(2);
+  const int64_t vs0 = v.stride(0), vs1 = v.stride(1), vs2 = v.stride(2);
+  at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(group * D), scores(group * S), acc(group * D);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / Hkv, hk = item % Hkv;
+      for (int64_t g = 0; g < group; ++g) {
+        const float* qrow = qp + b * qs0 + (hk * group + g) * qs1;
+        for (int64_t d = 0; d < D; ++d) qf[g * D + d] = qrow[d] * scale;
+      }
+      const bool* mrow = mask ? mask + (mask_rows == 1 ? 0 : b) * S : nullptr;
+      const float* kbase = kp + b * ks0 + hk * ks1;
+      for (int64_t s = 0; s < S; ++s) {
+        if (mrow && !mrow[s]) {
+          for (int64_t g = 0; g < group; ++g) scores[g * S + s] = -std::numeric_limits<float>::infinity();
+          continue;
+        }
+        const float* krow = kbase + s * ks2;
+        for (int64_t g = 0; g < group; ++g) {
+          const float* qg = qf.data() + g * D;
+          __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+          int64_t d = 0;
+          for (; d + 16 <= D; d += 16) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), _mm256_loadu_ps(krow + d), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d + 8), _mm256_loadu_ps(krow + d + 8), a1);
+          }
+          if (d < D) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), _mm256_loadu_ps(krow + d), a0);
+          scores[g * S + s] = hsum8(_mm256_add_ps(a0, a1));
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) {  // softmax per head (masked keys give exp(-inf) = 0)
+        float* sc = scores.data() + g * S;
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t s = 0; s < S; ++s) mx = std::max(mx, sc[s]);
+        if (std::isinf(mx)) {  // every key masked: no weights (out of contract, kept finite)
+          std::fill(sc, sc + S, 0.f);
+          continue;
+        }
+        const __m256 mxv = _mm256_set1_ps(mx);
+        __m256 sum8 = _mm256_setzero_ps();
+        int64_t s = 0;
+        for (; s + 8 <= S; s += 8) {
+          const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(sc + s), mxv));
+          _mm256_storeu_ps(sc + s, e);
+          sum8 = _mm256_add_ps(sum8, e);
+        }
+        float denom = hsum8(sum8);
+        for (; s < S; ++s) {
+          sc[s] = std::isinf(sc[s]) ? 0.f : std::exp(sc[s] - mx);
+          denom += sc[s];
+        }
+        const float inv = denom > 0.f ? 1.f / denom : 0.f;
+        for (int64_t s = 0; s < S; ++s) sc[s] *= inv;
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      const float* vbase = vp + b * vs0 + hk * vs1;
+      for (int64_t s = 0; s < S; ++s) {
+        const float* vrow = vbase + s * vs2;
+        for (int64_t g = 0; g < group; ++g) {
+          const float p = scores[g * S + s];
+          if (p == 0.f) continue;
+          const __m256 pv = _mm256_set1_ps(p);
+          float* ag = acc.data() + g * D;
+          for (int64_t d = 0; d < D; d += 8)
+            _mm256_storeu_ps(ag + d, _mm256_fmadd_ps(pv, _mm256_loadu_ps(vrow + d), _mm256_loadu_ps(ag + d)));
+        }
+      }
+      for (int64_t g = 0; g < group; ++g)
+        std::copy_n(acc.data() + g * D, D, op + b * Hq * D + (hk * group + g) * D);
+    }
+  });
+}
+#pragma GCC pop_options
+
 }  // namespace
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -93,6 +212,11 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
                 "decode_attention: mask must be [B or 1, S] = [", q.size(0), ", ", k.size(2), "], got ", m.sizes());
   }
   at::Tensor out = at::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
+  if (q.scalar_type() == at::kFloat && q.size(2) % 8 == 0 && active_isa() != Isa::Scalar) {
+    attend_f32_avx2(qc, k, v, mask.has_value() ? m.data_ptr<bool>() : nullptr, mask.has_value() ? m.size(0) : 0,
+                    out);
+    return out;
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "decode_attention", [&] {
     attend<scalar_t>(qc, k, v, mask.has_value() ? m.data_ptr<bool>() : nullptr, mask.has_value() ? m.size(0) : 0,
                      out);

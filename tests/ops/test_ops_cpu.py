@@ -197,9 +197,12 @@ def test_rms_norm_rejects_mismatched_weight():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads", [(4, 4), (8, 2), (6, 1)], ids=lambda h: f"{h[0]}q{h[1]}kv")
 @pytest.mark.parametrize("masked", [False, True])
-def test_decode_attention_matches_reference(dtype, heads, masked):
+@pytest.mark.parametrize("d,s", [(32, 13), (64, 37), (20, 9)], ids=["d32s13", "d64s37", "d20s9"])
+def test_decode_attention_matches_reference(isa, dtype, heads, masked, d, s):
+    """fp32 with head_dim % 8 == 0 takes the AVX2 path (grouped heads, vector exp); the
+    other cases, and the forced scalar ISA, the generic one."""
     hq, hkv = heads
-    b, d, cap, s = 3, 32, 20, 13
+    b, cap = 3, 40
     # the runtime passes slices of a preallocated cache: strided along batch, heads and slots
     k_cache, v_cache = torch.randn(4, hkv, cap, d).to(dtype), torch.randn(4, hkv, cap, d).to(dtype)
     k, v = k_cache[:b, :, :s], v_cache[:b, :, :s]
