@@ -21,19 +21,32 @@
 namespace compress_cpu {
 namespace {
 
+// Sizes, strides and typed pointers of one call (q [B, Hq, D], k / v [B, Hkv, S, D]).
+template <typename T>
+struct AttnArgs {
+  int64_t B, Hq, D, Hkv, S, group;
+  float scale;
+  const T *q, *k, *v;
+  T* out;
+  int64_t qs0, qs1, ks0, ks1, ks2, vs0, vs1, vs2;
+
+  AttnArgs(const at::Tensor& qt, const at::Tensor& kt, const at::Tensor& vt, at::Tensor& ot)
+      : B(qt.size(0)), Hq(qt.size(1)), D(qt.size(2)), Hkv(kt.size(1)), S(kt.size(2)), group(Hq / Hkv),
+        scale(1.f / std::sqrt(static_cast<float>(D))), q(qt.data_ptr<T>()), k(kt.data_ptr<T>()),
+        v(vt.data_ptr<T>()), out(ot.data_ptr<T>()), qs0(qt.stride(0)), qs1(qt.stride(1)), ks0(kt.stride(0)),
+        ks1(kt.stride(1)), ks2(kt.stride(2)), vs0(vt.stride(0)), vs1(vt.stride(1)), vs2(vt.stride(2)) {}
+};
+
 template <typename T>
 void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* mask, int64_t mask_rows,
             at::Tensor& out) {
-  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = k.size(1), S = k.size(2);
-  const int64_t group = Hq / Hkv;
-  const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  const T* qp = q.data_ptr<T>();
-  const T* kp = k.data_ptr<T>();
-  const T* vp = v.data_ptr<T>();
-  T* op = out.data_ptr<T>();
-  const int64_t qs0 = q.stride(0), qs1 = q.stride(1);
-  const int64_t ks0 = k.stride(0), ks1 = k.stride(1), ks2 = k.stride(2);
-  const int64_t vs0 = v.stride(0), vs1 = v.stride(1), vs2 = v.stride(2);
+  const AttnArgs<T> a(q, k, v, out);
+  const int64_t B = a.B, Hq = a.Hq, D = a.D, S = a.S, group = a.group;
+  const float scale = a.scale;
+  const T *qp = a.q, *kp = a.k, *vp = a.v;
+  T* op = a.out;
+  const int64_t qs0 = a.qs0, qs1 = a.qs1, ks0 = a.ks0, ks1 = a.ks1, ks2 = a.ks2, vs0 = a.vs0, vs1 = a.vs1,
+                vs2 = a.vs2;
   at::parallel_for(0, B * Hq, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(S), qf(D), acc(D);
     for (int64_t item = begin; item < end; ++item) {
@@ -110,16 +123,13 @@ inline __m256 exp_nonpositive(__m256 x) {
 
 void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* mask,
                      int64_t mask_rows, at::Tensor& out) {
-  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = k.size(1), S = k.size(2);
-  const int64_t group = Hq / Hkv;
-  const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const int64_t qs0 = q.stride(0), qs1 = q.stride(1);
-  const int64_t ks0 = k.stride(0), ks1 = k.stride(1), ks2 = k.stride(2);
-  const int64_t vs0 = v.stride(0), vs1 = v.stride(1), vs2 = v.stride(2);
+  const AttnArgs<float> a(q, k, v, out);
+  const int64_t B = a.B, Hq = a.Hq, D = a.D, Hkv = a.Hkv, S = a.S, group = a.group;
+  const float scale = a.scale;
+  const float *qp = a.q, *kp = a.k, *vp = a.v;
+  float* op = a.out;
+  const int64_t qs0 = a.qs0, qs1 = a.qs1, ks0 = a.ks0, ks1 = a.ks1, ks2 = a.ks2, vs0 = a.vs0, vs1 = a.vs1,
+                vs2 = a.vs2;
   at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(group * D), scores(group * S), acc(group * D);
     for (int64_t item = begin; item < end; ++item) {
