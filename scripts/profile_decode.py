@@ -47,7 +47,8 @@ def main(argv=None) -> None:
 
     torch.set_num_threads(args.threads)
     llm = LLM(args.path, threads=args.threads)
-    llm.model.fused_decode = not args.module_path
+    if args.module_path:
+        llm.model.fused_decode = False
     prompt = [(7 * i) % (llm.config.vocab_size - 10) + 5 for i in range(args.prompt_len)]
     llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))  # warm-up
 

@@ -105,7 +105,6 @@ def w8a8_outlier_gemm(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torc
     return y.to(x.dtype)
 
 
-
 def w8a8_outlier_gemm_guarded(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor,
                               outlier_idx: torch.Tensor, outlier_weight: torch.Tensor, threshold: float,
                               gemm=w8a8_outlier_gemm) -> torch.Tensor:
@@ -125,6 +124,7 @@ def w8a8_outlier_gemm_guarded(x: torch.Tensor, qweight: torch.Tensor, weight_sca
     w_extra = qweight[:, extra].to(torch.float32) * weight_scale.to(torch.float32).unsqueeze(1)
     y = gemm(x_rest, qweight, weight_scale, outlier_idx, outlier_weight).to(torch.float32)
     return (y + x[:, extra].to(torch.float32) @ w_extra.t()).to(x.dtype)
+
 
 # --- CUDA W4A16 fragment-order layout (csrc/cuda/int4_layout.cuh) -------------------
 # Made once at load time for the tensor-core kernel: N padded to a multiple of 128, K to
@@ -213,6 +213,14 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return y.reshape(b, hq * d)
 
 
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, rotate-half convention, over the last dim: ``x * cos +
+    rotate_half(x) * sin`` (``cos``/``sin`` broadcast against ``x``)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
 DECODE_LAYER_TENSORS = {"w4a16_prepared": 3, "w8a8": 2, "llm_int8": 4, "dense": 1}
 
 
@@ -255,10 +263,8 @@ def decode_layer(x: torch.Tensor, attn_norm_weight: torch.Tensor, mlp_norm_weigh
     b, d = x.shape[0], cos.shape[-1]
     h = rms_norm(x, attn_norm_weight, eps)
     qkv = _decode_layer_linear(*linears[0], h).view(b, n_heads + 2 * n_kv_heads, d)
-    qk, v = qkv[:, :n_heads + n_kv_heads], qkv[:, n_heads + n_kv_heads:]
-    half = d // 2
-    rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
-    qk = qk * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
+    qk = apply_rope(qkv[:, :n_heads + n_kv_heads], cos.unsqueeze(1), sin.unsqueeze(1))
+    v = qkv[:, n_heads + n_kv_heads:]
     k_cache[:b, :, pos] = qk[:, n_heads:]
     v_cache[:b, :, pos] = v
     attn = decode_attention(qk[:, :n_heads], k_cache[:b, :, :pos + 1], v_cache[:b, :, :pos + 1], mask)

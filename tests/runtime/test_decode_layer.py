@@ -46,7 +46,7 @@ def step_logits(model, prompts: list[list[int]], steps: int, fused: bool) -> lis
 @pytest.mark.parametrize("scheme", ["dense", "w4a16", "w8a8", "llm_int8"])
 def test_fused_decode_matches_module_path(tokenizer, family, overrides, scheme):
     model = build_model(checkpoint(family, scheme, len(tokenizer), **overrides))
-    assert all(layer.decode_args is not None for layer in model.layers)
+    assert all(layer.decode_args is not None for layer in model.layers) and model.fused_decode
     prompts = [[5, 9, 13, 21, 8, 40, 3], [11, 4, 7]]  # the second row is left-padded
     got = step_logits(model, prompts, 9, fused=True)
     want = step_logits(model, prompts, 9, fused=False)
@@ -65,7 +65,8 @@ def test_fused_decode_in_bfloat16(tokenizer):
 
 def test_layers_the_op_cannot_take_keep_the_module_path(tokenizer):
     guarded, _ = quantized_pair("llama", "llm_int8", len(tokenizer))   # spike guard (threshold) set
-    assert all(layer.decode_args is None for layer in build_model(guarded).layers)
+    model = build_model(guarded)
+    assert all(layer.decode_args is None for layer in model.layers) and not model.fused_decode
     plain = checkpoint("llama", "w8a8", len(tokenizer))
     assert all(layer.decode_args is None for layer in build_model(plain, kernels="reference").layers)
     assert all(layer.decode_args is None for layer in build_model(plain, fuse=False).layers)

@@ -17,8 +17,9 @@ from torch import nn
 
 from compress.architectures import ArchSpec, get_arch
 from compress.ops import get_op, native_available
+from compress.ops.reference import apply_rope
 from compress.runtime.layers import LAYER_CLASSES, LINEAR_TYPES, fuse_linears
-from compress.runtime.models.rope import apply_rope, inverse_frequencies, rope_tables
+from compress.runtime.models.rope import inverse_frequencies, rope_tables
 
 SUPPORTED_ACTIVATIONS = ("silu", "swish")
 
@@ -79,8 +80,7 @@ class Attention(nn.Module):
             v_cache[:b, :, start:start + t] = v
             k, v = k_cache[:b, :, :start + t], v_cache[:b, :, :start + t]
         if t == 1 and not is_causal:  # decode step: one query per row
-            m = None if mask is None else mask.reshape(mask.shape[0], mask.shape[-1])
-            y = get_op("decode_attention", self.backend)(q.squeeze(2), k, v, m)
+            y = get_op("decode_attention", self.backend)(q.squeeze(2), k, v, key_mask(mask))
             return self.o_proj(y.view(b, 1, -1))
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                            enable_gqa=self.n_heads != self.n_kv_heads)
@@ -151,9 +151,10 @@ class LlamaFamilyModel(nn.Module):
         cos, sin = rope_tables(inv_freq, max_seq_len)
         self.register_buffer("rope_cos", cos.to(embed.device), persistent=False)
         self.register_buffer("rope_sin", sin.to(embed.device), persistent=False)
-        # decode steps run each layer as one compress::decode_layer call where every layer
-        # allows it (DecoderLayer.prepare_decode); False forces the module path
-        self.fused_decode = True
+        # decode steps run each layer as one compress::decode_layer call; build_model sets
+        # it when every layer allows that (DecoderLayer.prepare_decode). False forces the
+        # module path.
+        self.fused_decode = False
 
     @property
     def dtype(self) -> torch.dtype:
@@ -174,22 +175,20 @@ class LlamaFamilyModel(nn.Module):
         ``None`` when all are real."""
         x = F.embedding(input_ids, self.embed)
         t = input_ids.shape[1]
-        if t == 1 and kv_cache is not None and self.fused_decode \
-                and all(layer.decode_args is not None for layer in self.layers):
-            return self.norm(self._decode_fused(x, positions, kv_cache, start, key_valid))
+        masks = {window: attention_mask(t, start, key_valid, window, x.device)
+                 for window in {layer.window for layer in self.layers}}
+        if t == 1 and kv_cache is not None and self.fused_decode:
+            return self.norm(self._decode_fused(x, positions, kv_cache, start, masks))
         cos = self.rope_cos[positions].to(x.dtype).unsqueeze(1)
         sin = self.rope_sin[positions].to(x.dtype).unsqueeze(1)
-        masks: dict = {}
         for i, layer in enumerate(self.layers):
-            if layer.window not in masks:
-                masks[layer.window] = attention_mask(t, start, key_valid, layer.window, x.device)
             mask, is_causal = masks[layer.window]
             kv = None if kv_cache is None else kv_cache.layer(i)
             x = layer(x, cos, sin, kv, start, mask, is_causal)
         return self.norm(x)
 
     def _decode_fused(self, x: torch.Tensor, positions: torch.Tensor, kv_cache, start: int,
-                      key_valid: torch.Tensor | None) -> torch.Tensor:
+                      masks: dict) -> torch.Tensor:
         """A decode step (one token per row, written at cache slot ``start``), one
         ``compress::decode_layer`` call per layer. ``x [B, 1, H]`` -> ``[B, 1, H]``."""
         b = x.shape[0]
@@ -198,18 +197,20 @@ class LlamaFamilyModel(nn.Module):
         sin = self.rope_sin[positions[:, 0]].to(h.dtype)
         n_heads = self.layers[0].attn.n_heads
         op = torch.ops.compress.decode_layer
-        masks: dict = {}
+        key_masks = {window: key_mask(mask) for window, (mask, _) in masks.items()}
         for i, layer in enumerate(self.layers):
-            if layer.window not in masks:
-                mask, _ = attention_mask(1, start, key_valid, layer.window, h.device)
-                masks[layer.window] = None if mask is None else mask.reshape(mask.shape[0], mask.shape[-1])
             k_cache, v_cache = kv_cache.layer(i)
-            h = op(h, *layer.decode_args, cos, sin, k_cache, v_cache, start, masks[layer.window],
+            h = op(h, *layer.decode_args, cos, sin, k_cache, v_cache, start, key_masks[layer.window],
                    n_heads, self.n_kv_heads)
         return h.view(b, 1, -1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
+
+
+def key_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """A one-query ``attention_mask`` ``[B|1, 1, 1, S]`` as the decode ops take it: ``[B|1, S]``."""
+    return None if mask is None else mask.reshape(mask.shape[0], mask.shape[-1])
 
 
 def attention_mask(t: int, start: int, key_valid: torch.Tensor | None, window: int | None,
@@ -331,4 +332,5 @@ def build_model(ckpt, dtype: torch.dtype = torch.float32, device="cpu", kernels:
             module.prepare(kernels)
     for layer in layers:
         layer.prepare_decode(kernels)
+    model.fused_decode = all(layer.decode_args is not None for layer in layers)
     return model.eval()
