@@ -9,8 +9,6 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include <immintrin.h>
-
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -41,18 +39,13 @@ template <typename T>
 void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* mask, int64_t mask_rows,
             at::Tensor& out) {
   const AttnArgs<T> a(q, k, v, out);
-  const int64_t B = a.B, Hq = a.Hq, D = a.D, S = a.S, group = a.group;
-  const float scale = a.scale;
-  const T *qp = a.q, *kp = a.k, *vp = a.v;
-  T* op = a.out;
-  const int64_t qs0 = a.qs0, qs1 = a.qs1, ks0 = a.ks0, ks1 = a.ks1, ks2 = a.ks2, vs0 = a.vs0, vs1 = a.vs1,
-                vs2 = a.vs2;
-  at::parallel_for(0, B * Hq, 1, [&](int64_t begin, int64_t end) {
+  const int64_t S = a.S, D = a.D;
+  at::parallel_for(0, a.B * a.Hq, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(S), qf(D), acc(D);
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / Hq, h = item % Hq, hk = h / group;
-      const T* qrow = qp + b * qs0 + h * qs1;
-      for (int64_t d = 0; d < D; ++d) qf[d] = static_cast<float>(qrow[d]) * scale;
+      const int64_t b = item / a.Hq, h = item % a.Hq, hk = h / a.group;
+      const T* qrow = a.q + b * a.qs0 + h * a.qs1;
+      for (int64_t d = 0; d < D; ++d) qf[d] = static_cast<float>(qrow[d]) * a.scale;
       const bool* mrow = mask ? mask + (mask_rows == 1 ? 0 : b) * S : nullptr;
       float mx = -std::numeric_limits<float>::infinity();
       for (int64_t s = 0; s < S; ++s) {
@@ -60,7 +53,7 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
           scores[s] = -std::numeric_limits<float>::infinity();
           continue;
         }
-        const T* krow = kp + b * ks0 + hk * ks1 + s * ks2;
+        const T* krow = a.k + b * a.ks0 + hk * a.ks1 + s * a.ks2;
         float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
         for (int64_t d = 0; d < D; ++d) dot += qf[d] * static_cast<float>(krow[d]);
@@ -77,12 +70,12 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
       for (int64_t s = 0; s < S; ++s) {
         const float p = scores[s];
         if (p == 0.f) continue;
-        const T* vrow = vp + b * vs0 + hk * vs1 + s * vs2;
+        const T* vrow = a.v + b * a.vs0 + hk * a.vs1 + s * a.vs2;
 #pragma omp simd
         for (int64_t d = 0; d < D; ++d) acc[d] += p * static_cast<float>(vrow[d]);
       }
       const float inv = denom > 0.f ? 1.f / denom : 0.f;
-      T* orow = op + b * Hq * D + h * D;
+      T* orow = a.out + b * a.Hq * D + h * D;
       for (int64_t d = 0; d < D; ++d) orow[d] = static_cast<T>(acc[d] * inv);
     }
   });
@@ -92,13 +85,6 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
 // is read once per group, not once per head) with 8-wide FMAs over D (D % 8 == 0).
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
-inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // e^x for x <= 0 (softmax after subtracting the max): Cody-Waite range reduction by ln 2,
 // a degree-6 polynomial on [-ln2/2, ln2/2] (relative error ~2e-7), 2^n through the
 // exponent bits; x below -87.3 (and -inf, a masked key) gives 0.
@@ -124,28 +110,23 @@ inline __m256 exp_nonpositive(__m256 x) {
 void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* mask,
                      int64_t mask_rows, at::Tensor& out) {
   const AttnArgs<float> a(q, k, v, out);
-  const int64_t B = a.B, Hq = a.Hq, D = a.D, Hkv = a.Hkv, S = a.S, group = a.group;
-  const float scale = a.scale;
-  const float *qp = a.q, *kp = a.k, *vp = a.v;
-  float* op = a.out;
-  const int64_t qs0 = a.qs0, qs1 = a.qs1, ks0 = a.ks0, ks1 = a.ks1, ks2 = a.ks2, vs0 = a.vs0, vs1 = a.vs1,
-                vs2 = a.vs2;
-  at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
+  const int64_t S = a.S, D = a.D, group = a.group;
+  at::parallel_for(0, a.B * a.Hkv, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(group * D), scores(group * S), acc(group * D);
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / Hkv, hk = item % Hkv;
+      const int64_t b = item / a.Hkv, hk = item % a.Hkv;
       for (int64_t g = 0; g < group; ++g) {
-        const float* qrow = qp + b * qs0 + (hk * group + g) * qs1;
-        for (int64_t d = 0; d < D; ++d) qf[g * D + d] = qrow[d] * scale;
+        const float* qrow = a.q + b * a.qs0 + (hk * group + g) * a.qs1;
+        for (int64_t d = 0; d < D; ++d) qf[g * D + d] = qrow[d] * a.scale;
       }
       const bool* mrow = mask ? mask + (mask_rows == 1 ? 0 : b) * S : nullptr;
-      const float* kbase = kp + b * ks0 + hk * ks1;
+      const float* kbase = a.k + b * a.ks0 + hk * a.ks1;
       for (int64_t s = 0; s < S; ++s) {
         if (mrow && !mrow[s]) {
           for (int64_t g = 0; g < group; ++g) scores[g * S + s] = -std::numeric_limits<float>::infinity();
           continue;
         }
-        const float* krow = kbase + s * ks2;
+        const float* krow = kbase + s * a.ks2;
         for (int64_t g = 0; g < group; ++g) {
           const float* qg = qf.data() + g * D;
           __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
@@ -155,7 +136,7 @@ void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
             a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d + 8), _mm256_loadu_ps(krow + d + 8), a1);
           }
           if (d < D) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), _mm256_loadu_ps(krow + d), a0);
-          scores[g * S + s] = hsum8(_mm256_add_ps(a0, a1));
+          scores[g * S + s] = hsum256_ps(_mm256_add_ps(a0, a1));
         }
       }
       for (int64_t g = 0; g < group; ++g) {  // softmax per head (masked keys give exp(-inf) = 0)
@@ -174,7 +155,7 @@ void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
           _mm256_storeu_ps(sc + s, e);
           sum8 = _mm256_add_ps(sum8, e);
         }
-        float denom = hsum8(sum8);
+        float denom = hsum256_ps(sum8);
         for (; s < S; ++s) {
           sc[s] = std::isinf(sc[s]) ? 0.f : std::exp(sc[s] - mx);
           denom += sc[s];
@@ -183,9 +164,9 @@ void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         for (int64_t s = 0; s < S; ++s) sc[s] *= inv;
       }
       std::fill(acc.begin(), acc.end(), 0.f);
-      const float* vbase = vp + b * vs0 + hk * vs1;
+      const float* vbase = a.v + b * a.vs0 + hk * a.vs1;
       for (int64_t s = 0; s < S; ++s) {
-        const float* vrow = vbase + s * vs2;
+        const float* vrow = vbase + s * a.vs2;
         for (int64_t g = 0; g < group; ++g) {
           const float p = scores[g * S + s];
           if (p == 0.f) continue;
@@ -196,7 +177,7 @@ void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         }
       }
       for (int64_t g = 0; g < group; ++g)
-        std::copy_n(acc.data() + g * D, D, op + b * Hq * D + (hk * group + g) * D);
+        std::copy_n(acc.data() + g * D, D, a.out + b * a.Hq * D + (hk * group + g) * D);
     }
   });
 }
@@ -221,16 +202,15 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
     TORCH_CHECK(m.dim() == 2 && (m.size(0) == 1 || m.size(0) == q.size(0)) && m.size(1) == k.size(2),
                 "decode_attention: mask must be [B or 1, S] = [", q.size(0), ", ", k.size(2), "], got ", m.sizes());
   }
+  const bool* mask_ptr = mask.has_value() ? m.data_ptr<bool>() : nullptr;
+  const int64_t mask_rows = mask.has_value() ? m.size(0) : 0;
   at::Tensor out = at::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
   if (q.scalar_type() == at::kFloat && q.size(2) % 8 == 0 && active_isa() != Isa::Scalar) {
-    attend_f32_avx2(qc, k, v, mask.has_value() ? m.data_ptr<bool>() : nullptr, mask.has_value() ? m.size(0) : 0,
-                    out);
+    attend_f32_avx2(qc, k, v, mask_ptr, mask_rows, out);
     return out;
   }
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "decode_attention", [&] {
-    attend<scalar_t>(qc, k, v, mask.has_value() ? m.data_ptr<bool>() : nullptr, mask.has_value() ? m.size(0) : 0,
-                     out);
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "decode_attention",
+                                  [&] { attend<scalar_t>(qc, k, v, mask_ptr, mask_rows, out); });
   return out;
 }
 

@@ -11,6 +11,8 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cstdint>
 
@@ -49,6 +51,14 @@ inline float load_scale(const void* p, ScaleType t, int64_t i) {
 }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Sum of the 8 floats of an AVX register; call only from code compiled for AVX2.
+__attribute__((target("avx2"))) inline float hsum256_ps(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
 
 // Round half to even (= std::nearbyint / torch.round in the default FP mode) for
 // |v| < 2^22, without the libm call that made activation quantization ~6 ns/element on

@@ -17,8 +17,8 @@
 namespace compress_cpu {
 namespace {
 
-template <typename T, typename W>
-void norm_rows(const T* x, const T* res, const W* w, T* y, T* sum_out, int64_t m, int64_t k, float eps) {
+template <typename T>
+void norm_rows(const T* x, const T* res, const T* w, T* y, T* sum_out, int64_t m, int64_t k, float eps) {
   at::parallel_for(0, m, 8, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const T* xr = x + i * k;
@@ -64,9 +64,9 @@ std::tuple<at::Tensor, at::Tensor> run(const at::Tensor& x_in, const at::Tensor*
   at::Tensor y = at::empty_like(x);
   at::Tensor sum = res_in ? at::empty_like(x) : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
-    norm_rows<scalar_t, scalar_t>(x.data_ptr<scalar_t>(), res_in ? res.data_ptr<scalar_t>() : nullptr,
-                                  w.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(),
-                                  res_in ? sum.data_ptr<scalar_t>() : nullptr, m, k, static_cast<float>(eps));
+    norm_rows<scalar_t>(x.data_ptr<scalar_t>(), res_in ? res.data_ptr<scalar_t>() : nullptr, w.data_ptr<scalar_t>(),
+                        y.data_ptr<scalar_t>(), res_in ? sum.data_ptr<scalar_t>() : nullptr, m, k,
+                        static_cast<float>(eps));
   });
   return {y, sum};
 }

@@ -189,7 +189,7 @@ at::Tensor w4a16_run(const at::Tensor& x_in, const at::Tensor& qweight_in,
     case Isa::Avx2: kernel = w4_avx2; break;
     default: break;
   }
-    // n-blocks of ~128 KiB of packed weights (L2), m-blocks of 64 rows.
+  // n-blocks of ~128 KiB of packed weights (L2), m-blocks of 64 rows.
   const int64_t nb = std::max<int64_t>(8, ((128 << 10) / std::max<int64_t>(1, K / 2)) / 8 * 8);
   parallel_tiles(M, N, 64, nb, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) { kernel(a, m0, m1, n0, n1); });
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());

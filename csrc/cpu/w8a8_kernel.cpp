@@ -126,10 +126,7 @@ inline float outlier_dot_avx2(const Args& a, int64_t m, int64_t n) {
     }
     acc = _mm256_fmadd_ps(_mm256_load_ps(xt), _mm256_load_ps(wt), acc);
   }
-  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
-  return _mm_cvtss_f32(s4);
+  return hsum256_ps(acc);
 }
 
 template <int MT, int NT>
