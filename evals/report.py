@@ -12,10 +12,11 @@ import json
 import math
 import os
 import platform
-import tempfile
 from pathlib import Path
 
 import torch
+
+from compress.io.files import atomic_write_text
 
 COLUMNS = [  # (key, header, format)
     ("size_bytes", "size", "size"),
@@ -119,18 +120,6 @@ def render_markdown(stages: list[dict], title: str = "compress report",
     return "\n".join(lines)
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _jsonable(x):
     if isinstance(x, dict):
         return {str(k): _jsonable(v) for k, v in x.items()}
@@ -156,6 +145,6 @@ def write_report(stages: list[dict], out_dir: str | Path, title: str = "compress
     machine = machine or machine_info()
     json_path, md_path = out / "report.json", out / "report.md"
     payload = {"stages": _jsonable(stages), "machine": machine}
-    _atomic_write(json_path, json.dumps(payload, indent=2) + "\n")
-    _atomic_write(md_path, render_markdown(stages, title, machine))
+    atomic_write_text(json_path, json.dumps(payload, indent=2) + "\n")
+    atomic_write_text(md_path, render_markdown(stages, title, machine))
     return json_path, md_path

@@ -13,6 +13,7 @@ import torch
 
 from compress import ops
 from compress.bench.bandwidth import read_bandwidth
+from compress.io.files import atomic_write_text
 from compress.ops import reference
 from compress.ops.reference import w4a16_prepare_cpu
 
@@ -236,8 +237,7 @@ def main(args) -> int:
     result = run(shapes, ms, impls, reps=args.reps, budget_s=args.budget, threads=args.threads,
                  bandwidth_bytes=int(args.bandwidth_mib) << 20, cold=not args.warm)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        atomic_write_text(args.json, json.dumps(result, indent=1))
         print(f"# wrote {args.json}")
     return 0
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from compress.bench.bandwidth import read_bandwidth
+from compress.io.files import atomic_write_text
 
 
 @dataclass
@@ -230,7 +231,7 @@ def decode_ratios(records: list[ModelRecord]) -> list[str]:
 def main(args) -> int:
     result = run(args)
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        atomic_write_text(args.json, json.dumps(result, indent=1))
         print(f"# wrote {args.json}")
     return 0
 
