@@ -57,17 +57,55 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     return (x.to(torch.float32) @ w.t()).to(x.dtype)
 
 
-def w4a16_prepare_cpu(scales: torch.Tensor, zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Load-time form of the int4 scales for the CPU kernel: fp32 ``(scale, scale * zero)``,
+W4_CPU_TILE_ROWS = 4  # rows per tile of the CPU kernel's load-time weight layout
+
+
+def _w4_tiled_rows(qweight: torch.Tensor) -> int:
+    """How many leading rows :func:`w4a16_tile_cpu` interleaves: all but ``N % 4``, and
+    none unless K (= 8 * words per row) is a multiple of 64."""
+    n, words = qweight.shape
+    return n - n % W4_CPU_TILE_ROWS if words % 8 == 0 else 0
+
+
+def w4a16_tile_cpu(qweight: torch.Tensor) -> torch.Tensor:
+    """Load-time weight layout of the CPU kernel: the canonical int32 ``[N, K/8]`` with
+    each group of 4 rows stored chunk-interleaved (chunk = 8 words = 64 k): row r's
+    chunk c of a tile sits at words ``32 c + 8 r`` of that tile's ``4 * K/8`` words, so
+    the four rows an M = 1 tile reads are one sequential stream. Rows past the last full
+    tile (and all rows when K % 64 != 0) stay row-major. Same shape and dtype."""
+    n4 = _w4_tiled_rows(qweight)
+    if n4 == 0:
+        return qweight.contiguous()
+    words = qweight.shape[1]
+    head = qweight[:n4].reshape(n4 // W4_CPU_TILE_ROWS, W4_CPU_TILE_ROWS, words // 8, 8)
+    tiled = head.permute(0, 2, 1, 3).reshape(n4, words)
+    return torch.cat([tiled, qweight[n4:]]).contiguous()
+
+
+def w4a16_untile_cpu(qweight_tiled: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`w4a16_tile_cpu`: back to the canonical ``[N, K/8]``."""
+    n4 = _w4_tiled_rows(qweight_tiled)
+    if n4 == 0:
+        return qweight_tiled.contiguous()
+    words = qweight_tiled.shape[1]
+    head = qweight_tiled[:n4].reshape(n4 // W4_CPU_TILE_ROWS, words // 8, W4_CPU_TILE_ROWS, 8)
+    rows = head.permute(0, 2, 1, 3).reshape(n4, words)
+    return torch.cat([rows, qweight_tiled[n4:]]).contiguous()
+
+
+def w4a16_prepare_cpu(qweight: torch.Tensor, scales: torch.Tensor,
+                      zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Load-time form of an int4 linear for the CPU kernel (``w4a16_gemm_prepared``):
+    the row-tiled qweight (:func:`w4a16_tile_cpu`) and fp32 ``(scale, scale * zero)``,
     both ``[N, K // group_size]``, so that ``w = u * scale - scaled_zero``."""
     scale = scales.to(torch.float32).contiguous()
-    return scale, (scale * zeros.to(torch.float32)).contiguous()
+    return w4a16_tile_cpu(qweight), scale, (scale * zeros.to(torch.float32)).contiguous()
 
 
-def w4a16_gemm_prepared(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
+def w4a16_gemm_prepared(x: torch.Tensor, qweight_tiled: torch.Tensor, scale: torch.Tensor,
                         scaled_zero: torch.Tensor, group_size: int) -> torch.Tensor:
-    """:func:`w4a16_gemm` on :func:`w4a16_prepare_cpu`'s scales: ``w = u * scale - scaled_zero``."""
-    u = unpack_int4(qweight).to(torch.float32)
+    """:func:`w4a16_gemm` on :func:`w4a16_prepare_cpu`'s tensors: ``w = u * scale - scaled_zero``."""
+    u = unpack_int4(w4a16_untile_cpu(qweight_tiled)).to(torch.float32)
     n, k = u.shape
     w = u.reshape(n, k // group_size, group_size) * scale.unsqueeze(-1) - scaled_zero.unsqueeze(-1)
     return (x.to(torch.float32) @ w.reshape(n, k).t()).to(x.dtype)

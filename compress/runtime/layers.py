@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from compress.ops import get_op, native_available
-from compress.ops.reference import w4a16_prepare_cpu, w8a8_outlier_gemm_guarded
+from compress.ops.reference import w4a16_prepare_cpu, w4a16_untile_cpu, w8a8_outlier_gemm_guarded
 
 
 class DenseLinear(nn.Module):
@@ -80,18 +80,23 @@ class Int4Linear(_OpLinear):
         self.group_size = group_size
         self.cuda_layout = None
         self.cpu_scales = None
+        self.qweight_tiled = False  # qweight holds the CPU kernel's row tiling (prepare)
 
     def prepare(self, backend: str = "native") -> None:
-        # The CPU kernel runs on the canonical packing as stored (its activations are
-        # permuted instead, see csrc/cpu/README.md); it wants fp32 (scale, scale * zero)
-        # per group, made once here rather than per call.
+        # The CPU kernel wants the rows of qweight interleaved by tiles of 4 (one weight
+        # stream per tile, reference.w4a16_tile_cpu) and fp32 (scale, scale * zero) per
+        # group, made once here rather than per call. The tiled qweight replaces the
+        # canonical one (no second copy); preparing for another backend restores it.
         super().prepare(backend)
+        if self.qweight_tiled:
+            self.qweight, self.qweight_tiled = w4a16_untile_cpu(self.qweight), False
         self.qweight = self.qweight.contiguous()
         self.scales = self.scales.contiguous()
         self.zeros = self.zeros.to(torch.uint8).contiguous()
         self.cpu_scales = None
         if backend == "native" and self.qweight.device.type == "cpu" and native_available("cpu"):
-            self.cpu_scales = w4a16_prepare_cpu(self.scales, self.zeros)
+            self.qweight, *scales = w4a16_prepare_cpu(self.qweight, self.scales, self.zeros)
+            self.cpu_scales, self.qweight_tiled = tuple(scales), True
         # On CUDA the tensor-core kernel wants the weights in mma fragment order: shuffle
         # once at load time (kept beside the canonical tensors, never saved).
         self.cuda_layout = None
@@ -210,7 +215,8 @@ def fuse_linears(layers: list[nn.Module]) -> nn.Module | None:
     if isinstance(first, Int4Linear):
         if len({layer.group_size for layer in layers}) > 1 or len({layer.scales.dtype for layer in layers}) > 1:
             return None
-        return Int4Linear(cat("qweight"), cat("scales"), torch.cat([layer.zeros.to(torch.uint8) for layer in layers]),
+        canonical = [w4a16_untile_cpu(layer.qweight) if layer.qweight_tiled else layer.qweight for layer in layers]
+        return Int4Linear(torch.cat(canonical), cat("scales"), torch.cat([layer.zeros.to(torch.uint8) for layer in layers]),
                           first.group_size, first.in_features, bias)
     if isinstance(first, Int8OutlierLinear):
         same_cols = all(torch.equal(layer.outlier_idx.to(torch.long), first.outlier_idx.to(torch.long))

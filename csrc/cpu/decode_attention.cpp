@@ -85,28 +85,6 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
 // is read once per group, not once per head) with 8-wide FMAs over D (D % 8 == 0).
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
-// e^x for x <= 0 (softmax after subtracting the max): Cody-Waite range reduction by ln 2,
-// a degree-6 polynomial on [-ln2/2, ln2/2] (relative error ~2e-7), 2^n through the
-// exponent bits; x below -87.3 (and -inf, a masked key) gives 0.
-inline __m256 exp_nonpositive(__m256 x) {
-  const __m256 lowest = _mm256_set1_ps(-87.33654f);
-  const __m256 underflow = _mm256_cmp_ps(x, lowest, _CMP_LT_OQ);
-  x = _mm256_max_ps(x, lowest);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
-  const __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(underflow, _mm256_mul_ps(y, _mm256_castsi256_ps(pow2n)));
-}
-
 void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* mask,
                      int64_t mask_rows, at::Tensor& out) {
   const AttnArgs<float> a(q, k, v, out);

@@ -24,6 +24,7 @@
 
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/kernel_common.h"
@@ -93,12 +94,36 @@ void rope_and_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tens
   }
 }
 
+// silu(g) * u over n fp32 values on AVX2: silu(g) = g * sigmoid(g), the sigmoid through
+// e = exp(-|g|) (1 / (1 + e) for g >= 0, e / (1 + e) below), so exp never overflows.
+// Agrees with g / (1 + exp(-g)) to a few fp32 ulps (the vector exp's ~2e-7).
+__attribute__((target("avx2,fma"))) void silu_mul_f32_avx2(const float* g, const float* u, float* out, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.f), sign = _mm256_set1_ps(-0.f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(g + i);
+    const __m256 e = exp_nonpositive(_mm256_or_ps(x, sign));  // exp(-|x|)
+    const __m256 num = _mm256_blendv_ps(one, e, x);          // sign bit of x set: e
+    const __m256 act = _mm256_mul_ps(x, _mm256_div_ps(num, _mm256_add_ps(one, e)));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(act, _mm256_loadu_ps(u + i)));
+  }
+  for (; i < n; ++i) out[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+}
+
 // out[b, i] = silu(g[b, i]) * u[b, i] with gu = [g | u] per row; silu rounded to T first.
 template <typename T>
 void silu_mul(const at::Tensor& gu, at::Tensor& out) {
   const int64_t B = gu.size(0), I = out.size(1);
   const T* src = gu.data_ptr<T>();
   T* dst = out.data_ptr<T>();
+  if constexpr (std::is_same_v<T, float>) {
+    if (active_isa() >= Isa::Avx2) {
+      at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b) silu_mul_f32_avx2(src + b * 2 * I, src + b * 2 * I + I, dst + b * I, I);
+      });
+      return;
+    }
+  }
   at::parallel_for(0, B * I, 4096, [&](int64_t begin, int64_t end) {
     for (int64_t e = begin; e < end; ++e) {
       const int64_t b = e / I, i = e % I;

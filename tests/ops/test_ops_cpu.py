@@ -42,7 +42,8 @@ def make_int8(n: int, k: int, seed: int = 0):
 
 # (M, N, K, group): M odd / 1 / beyond a tile; K == group; N small; K % 64 == 32.
 W4_SHAPES = [(1, 8, 32, 32), (3, 5, 96, 32), (7, 33, 128, 64), (1, 24, 256, 128), (17, 9, 384, 128),
-             (5, 70, 192, 64), (66, 12, 64, 64), (2, 3, 4096, 128)]
+             (5, 70, 192, 64), (66, 12, 64, 64), (2, 3, 4096, 128), (1, 37, 512, 128), (1, 12, 128, 32),
+             (3, 10, 128, 16)]
 
 
 @pytest.mark.parametrize("shape", W4_SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -60,18 +61,36 @@ def test_w4a16_matches_reference(isa, shape, dtype):
 
 @pytest.mark.parametrize("shape", W4_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_w4a16_prepared_matches_canonical(isa, shape):
-    """The runtime's entry (fp32 scale and scale * zero made once at load time) computes
-    what the canonical entry computes, and both sit at the same distance from the reference."""
+    """The runtime's entry (row-tiled qweight, fp32 scale and scale * zero, made once at
+    load time) computes what the canonical entry computes, and both sit at the same
+    distance from the reference."""
     m, n, k, group = shape
     qweight, scales, zeros = make_int4(n, k, group)
     x = torch.randn(m, k)
-    scale, scaled_zero = reference.w4a16_prepare_cpu(scales, zeros)
-    out = torch.ops.compress.w4a16_gemm_prepared(x, qweight, scale, scaled_zero, group)
-    ref = reference.w4a16_gemm_prepared(x, qweight, scale, scaled_zero, group)
+    qtiled, scale, scaled_zero = reference.w4a16_prepare_cpu(qweight, scales, zeros)
+    out = torch.ops.compress.w4a16_gemm_prepared(x, qtiled, scale, scaled_zero, group)
+    ref = reference.w4a16_gemm_prepared(x, qtiled, scale, scaled_zero, group)
     torch.testing.assert_close(ref, reference.w4a16_gemm(x, qweight, scales, zeros, group), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out, torch.ops.compress.w4a16_gemm(x, qweight, scales, zeros, group),
                                rtol=1e-5, atol=1e-5)
     assert sqnr_db(ref, out) > 35
+
+
+@pytest.mark.parametrize("n,k", [(8, 128), (11, 256), (3, 64), (9, 96), (6, 32)])
+def test_w4a16_tile_cpu_layout(n, k):
+    """The load-time tiling interleaves the 32-byte chunks of each group of 4 rows when
+    K % 64 == 0 (rows past the last full tile, and every row otherwise, stay row-major),
+    and untiling restores the canonical tensor exactly."""
+    qweight = make_int4(n, k, 32)[0]
+    tiled = reference.w4a16_tile_cpu(qweight)
+    assert tiled.shape == qweight.shape and tiled.dtype == qweight.dtype
+    torch.testing.assert_close(reference.w4a16_untile_cpu(tiled), qweight, rtol=0, atol=0)
+    n4 = n - n % 4 if k % 64 == 0 else 0
+    flat, words = tiled.reshape(-1), k // 8
+    for row in range(n):
+        for chunk in range(words // 8):
+            start = (row // 4) * 4 * words + chunk * 32 + (row % 4) * 8 if row < n4 else row * words + chunk * 8
+            torch.testing.assert_close(flat[start:start + 8], qweight[row, chunk * 8:chunk * 8 + 8], rtol=0, atol=0)
 
 
 def test_w4a16_prepared_rejects_unprepared_scales():
@@ -93,16 +112,22 @@ def test_w4a16_scale_dtypes_and_odd_group(isa, scale_dtype):
                                rtol=1e-4, atol=1e-4)
 
 
-def test_w4a16_isas_agree():
-    """All ISAs share the activation quantizer, so they differ only in fp32 sum order."""
-    qweight, scales, zeros = make_int4(37, 320, 64)
-    x = torch.randn(9, 320)
+@pytest.mark.parametrize("m,n,k,group", [(9, 37, 320, 64), (1, 13, 96, 32), (4, 8, 1024, 128)])
+def test_w4a16_isas_agree(m, n, k, group):
+    """The scalar and the AVX2 activation quantizers give the same bytes, so the ISAs
+    differ only in fp32 sum order (canonical and prepared entries, fp32 and bf16 x)."""
+    qweight, scales, zeros = make_int4(n, k, group)
+    prepared = reference.w4a16_prepare_cpu(qweight, scales, zeros)
+    x = torch.randn(m, k) * torch.logspace(-2, 1, k)  # blocks of very different ranges
     outs = []
     for name in ISAS:
         with ops.force_cpu_isa(name):
-            outs.append(torch.ops.compress.w4a16_gemm(x, qweight, scales, zeros, 64))
-    for o in outs[1:]:
-        torch.testing.assert_close(o, outs[0], rtol=1e-4, atol=1e-4)
+            outs.append([torch.ops.compress.w4a16_gemm(x, qweight, scales, zeros, group),
+                         torch.ops.compress.w4a16_gemm_prepared(x, *prepared, group),
+                         torch.ops.compress.w4a16_gemm_prepared(x.bfloat16(), *prepared, group).float()])
+    for other in outs[1:]:
+        for o, first in zip(other, outs[0]):
+            torch.testing.assert_close(o, first, rtol=1e-4, atol=1e-4)
 
 
 W8_SHAPES = [(1, 8, 32), (3, 5, 17), (7, 33, 100), (1, 24, 4096), (17, 9, 255), (66, 12, 64), (5, 3, 1000)]
@@ -235,7 +260,7 @@ def decode_layer_case(scheme: str, dtype=torch.float32, b: int = 3, pos: int = 6
     for i, (n, k) in enumerate(shapes):
         if scheme == "w4a16_prepared":
             qweight, scales, zeros = make_int4(n, k, 32, seed=i)
-            weights += [qweight, *reference.w4a16_prepare_cpu(scales, zeros)]
+            weights += list(reference.w4a16_prepare_cpu(qweight, scales, zeros))
         elif scheme in ("w8a8", "llm_int8"):
             weights += list(make_int8(n, k, seed=i))
             if scheme == "llm_int8":
@@ -294,7 +319,7 @@ def test_opcheck():
     ow = torch.randn(16, 2)
     cases = [
         (torch.ops.compress.w4a16_gemm.default, (x, qweight, scales, zeros, 64)),
-        (torch.ops.compress.w4a16_gemm_prepared.default, (x, qweight, *reference.w4a16_prepare_cpu(scales, zeros), 64)),
+        (torch.ops.compress.w4a16_gemm_prepared.default, (x, *reference.w4a16_prepare_cpu(qweight, scales, zeros), 64)),
         (torch.ops.compress.w8a8_gemm.default, (x, q, s)),
         (torch.ops.compress.w8a8_outlier_gemm.default, (x, q, s, idx, ow)),
         (torch.ops.compress.quantize_per_token_int8.default, (x,)),

@@ -160,3 +160,26 @@ def test_fuse_linears_refuses_layers_that_cannot_share_a_call():
     assert fuse_linears([o1, o2]) is None                    # outlier columns differ
     both = fuse_linears([a, a])
     assert both.out_features == 128 and both.group_size == GROUP
+
+
+@pytest.mark.skipif(not native_available("cpu"), reason="native CPU kernels not built")
+def test_int4_linear_tiles_for_the_cpu_kernel_and_restores_the_canonical_layout():
+    """prepare("native") replaces qweight by the CPU kernel's row tiling (no second copy);
+    preparing for the reference restores the canonical tensor, and both compute the same."""
+    w = torch.randn(70, 128)
+    q4, _ = rtn_int4(w, group=64)
+    canonical = q4.tensors["qweight"].clone()
+    layer = Int4Linear(**q4.tensors, group_size=64, in_features=128)
+    x = torch.randn(3, 128)
+    layer.prepare("native")
+    assert layer.qweight_tiled and not torch.equal(layer.qweight, canonical)
+    native = layer(x)
+    fused = fuse_linears([layer, layer])  # fusing a prepared layer concatenates canonical rows
+    fused.prepare("reference")
+    torch.testing.assert_close(fused.qweight, torch.cat([canonical, canonical]), rtol=0, atol=0)
+    layer.prepare("reference")
+    assert not layer.qweight_tiled
+    torch.testing.assert_close(layer.qweight, canonical, rtol=0, atol=0)
+    reference = layer(x)
+    assert sqnr_db(reference, native) > 35
+    torch.testing.assert_close(fused(x), torch.cat([reference, reference], -1), rtol=1e-5, atol=1e-5)
