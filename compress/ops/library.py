@@ -21,6 +21,10 @@ SCHEMAS = {
     "w8a8_gemm": "w8a8_gemm(Tensor x, Tensor qweight, Tensor weight_scale) -> Tensor",
     "w8a8_outlier_gemm": ("w8a8_outlier_gemm(Tensor x, Tensor qweight, Tensor weight_scale, "
                           "Tensor outlier_idx, Tensor outlier_weight) -> Tensor"),
+    # the same two on the CPU kernel's load-time row-tiled int8 weights (reference.w8a8_tile_cpu)
+    "w8a8_gemm_prepared": "w8a8_gemm_prepared(Tensor x, Tensor qweight, Tensor weight_scale) -> Tensor",
+    "w8a8_outlier_gemm_prepared": ("w8a8_outlier_gemm_prepared(Tensor x, Tensor qweight, Tensor weight_scale, "
+                                   "Tensor outlier_idx, Tensor outlier_weight) -> Tensor"),
     "quantize_per_token_int8": "quantize_per_token_int8(Tensor x) -> (Tensor, Tensor)",
     # the runtime's hot-path helpers (a decode step is dispatch-bound without them)
     "rms_norm": "rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
@@ -40,6 +44,8 @@ REFERENCES = {
     "w4a16_gemm_prepared": reference.w4a16_gemm_prepared,
     "w8a8_gemm": reference.w8a8_gemm,
     "w8a8_outlier_gemm": reference.w8a8_outlier_gemm,
+    "w8a8_gemm_prepared": reference.w8a8_gemm_prepared,
+    "w8a8_outlier_gemm_prepared": reference.w8a8_outlier_gemm_prepared,
     "quantize_per_token_int8": reference.quantize_per_token_int8,
     "rms_norm": reference.rms_norm,
     "add_rms_norm": reference.add_rms_norm,
@@ -83,6 +89,8 @@ FAKES = {
     "w4a16_gemm_prepared": _fake_gemm,
     "w8a8_gemm": _fake_gemm,
     "w8a8_outlier_gemm": _fake_gemm,
+    "w8a8_gemm_prepared": _fake_gemm,
+    "w8a8_outlier_gemm_prepared": _fake_gemm,
     "quantize_per_token_int8": _fake_quantize_per_token_int8,
     "rms_norm": _fake_rms_norm,
     "add_rms_norm": _fake_add_rms_norm,

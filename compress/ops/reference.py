@@ -143,6 +143,50 @@ def w8a8_outlier_gemm(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torc
     return y.to(x.dtype)
 
 
+W8_CPU_TILE_ROWS, W8_CPU_TILE_CHUNK = 4, 64  # the CPU kernel's load-time int8 row tiling
+
+
+def _w8_tiled_rows(qweight: torch.Tensor) -> int:
+    n, k = qweight.shape
+    return n - n % W8_CPU_TILE_ROWS if k % W8_CPU_TILE_CHUNK == 0 else 0
+
+
+def w8a8_tile_cpu(qweight: torch.Tensor) -> torch.Tensor:
+    """Load-time int8 weight layout of the CPU kernel: canonical ``[N, K]`` with each group
+    of 4 rows stored chunk-interleaved (chunk = 64 k): row r's chunk c of a tile at bytes
+    ``256 c + 64 r`` of that tile's ``4 K``, so an M = 1 tile's four rows are one
+    sequential stream. Rows past the last full tile (and all rows when K % 64 != 0) stay
+    row-major. Same shape and dtype."""
+    n4 = _w8_tiled_rows(qweight)
+    if n4 == 0:
+        return qweight.contiguous()
+    k = qweight.shape[1]
+    head = qweight[:n4].reshape(n4 // W8_CPU_TILE_ROWS, W8_CPU_TILE_ROWS, k // W8_CPU_TILE_CHUNK, W8_CPU_TILE_CHUNK)
+    return torch.cat([head.permute(0, 2, 1, 3).reshape(n4, k), qweight[n4:]]).contiguous()
+
+
+def w8a8_untile_cpu(qweight_tiled: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`w8a8_tile_cpu`."""
+    n4 = _w8_tiled_rows(qweight_tiled)
+    if n4 == 0:
+        return qweight_tiled.contiguous()
+    k = qweight_tiled.shape[1]
+    head = qweight_tiled[:n4].reshape(n4 // W8_CPU_TILE_ROWS, k // W8_CPU_TILE_CHUNK, W8_CPU_TILE_ROWS,
+                                      W8_CPU_TILE_CHUNK)
+    return torch.cat([head.permute(0, 2, 1, 3).reshape(n4, k), qweight_tiled[n4:]]).contiguous()
+
+
+def w8a8_gemm_prepared(x: torch.Tensor, qweight_tiled: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    """:func:`w8a8_gemm` on :func:`w8a8_tile_cpu`'s weights."""
+    return w8a8_gemm(x, w8a8_untile_cpu(qweight_tiled), weight_scale)
+
+
+def w8a8_outlier_gemm_prepared(x: torch.Tensor, qweight_tiled: torch.Tensor, weight_scale: torch.Tensor,
+                               outlier_idx: torch.Tensor, outlier_weight: torch.Tensor) -> torch.Tensor:
+    """:func:`w8a8_outlier_gemm` on :func:`w8a8_tile_cpu`'s weights."""
+    return w8a8_outlier_gemm(x, w8a8_untile_cpu(qweight_tiled), weight_scale, outlier_idx, outlier_weight)
+
+
 def w8a8_outlier_gemm_guarded(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor,
                               outlier_idx: torch.Tensor, outlier_weight: torch.Tensor, threshold: float,
                               gemm=w8a8_outlier_gemm) -> torch.Tensor:
@@ -259,16 +303,18 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-DECODE_LAYER_TENSORS = {"w4a16_prepared": 3, "w8a8": 2, "llm_int8": 4, "dense": 1}
+# the forms of a linear compress::decode_layer takes (the runtime's load-time ones) and
+# how many tensors each brings
+DECODE_LAYER_TENSORS = {"w4a16_prepared": 3, "w8a8_prepared": 2, "llm_int8_prepared": 4, "dense": 1}
 
 
 def _decode_layer_linear(scheme: str, group_size: int, w: list[torch.Tensor], bias, x: torch.Tensor) -> torch.Tensor:
     if scheme == "w4a16_prepared":
         y = w4a16_gemm_prepared(x, w[0], w[1], w[2], group_size)
-    elif scheme == "w8a8":
-        y = w8a8_gemm(x, w[0], w[1])
-    elif scheme == "llm_int8":
-        y = w8a8_outlier_gemm(x, w[0], w[1], w[2], w[3])
+    elif scheme == "w8a8_prepared":
+        y = w8a8_gemm_prepared(x, w[0], w[1])
+    elif scheme == "llm_int8_prepared":
+        y = w8a8_outlier_gemm_prepared(x, w[0], w[1], w[2], w[3])
     else:
         y = x @ w[0].to(x.dtype).t()
     return y if bias is None else y + bias.to(y.dtype)

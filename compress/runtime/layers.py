@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from compress.ops import get_op, native_available
-from compress.ops.reference import w4a16_prepare_cpu, w4a16_untile_cpu, w8a8_outlier_gemm_guarded
+from compress.ops.reference import (w4a16_prepare_cpu, w4a16_untile_cpu, w8a8_outlier_gemm_guarded, w8a8_tile_cpu,
+                                    w8a8_untile_cpu)
 
 
 class DenseLinear(nn.Module):
@@ -132,7 +133,25 @@ class Int4Linear(_OpLinear):
         return get_op(self.op_name, self.backend)(x2d, self.qweight, self.scales, self.zeros, self.group_size)
 
 
-class Int8Linear(_OpLinear):
+class _Int8Tiled:
+    """Mixin: the CPU kernel's row tiling of an int8 ``qweight`` (reference.w8a8_tile_cpu),
+    made in ``prepare`` for the native CPU backend and replacing the canonical tensor (no
+    second copy); preparing for another backend restores the canonical one."""
+
+    qweight_tiled = False
+
+    def _tile_for(self, backend: str, allowed: bool = True) -> None:
+        if self.qweight_tiled:
+            self.qweight, self.qweight_tiled = w8a8_untile_cpu(self.qweight), False
+        self.qweight = self.qweight.contiguous()
+        if allowed and backend == "native" and self.qweight.device.type == "cpu" and native_available("cpu"):
+            self.qweight, self.qweight_tiled = w8a8_tile_cpu(self.qweight), True
+
+    def canonical_qweight(self) -> torch.Tensor:
+        return w8a8_untile_cpu(self.qweight) if self.qweight_tiled else self.qweight
+
+
+class Int8Linear(_Int8Tiled, _OpLinear):
     """W8A8: per-channel int8 weights, per-token dynamic int8 activations."""
     scheme = "w8a8"
     op_name = "w8a8_gemm"
@@ -144,17 +163,21 @@ class Int8Linear(_OpLinear):
 
     def prepare(self, backend: str = "native") -> None:
         super().prepare(backend)
-        self.qweight = self.qweight.contiguous()
+        self._tile_for(backend)
         self.weight_scale = self.weight_scale.contiguous()
 
     def decode_spec(self):
-        return "w8a8", 0, [self.qweight, self.weight_scale], self.bias
+        if not self.qweight_tiled:
+            return None
+        return "w8a8_prepared", 0, [self.qweight, self.weight_scale], self.bias
 
     def gemm(self, x2d):
+        if self.qweight_tiled:
+            return torch.ops.compress.w8a8_gemm_prepared(x2d, self.qweight, self.weight_scale)
         return get_op(self.op_name, self.backend)(x2d, self.qweight, self.weight_scale)
 
 
-class Int8OutlierLinear(_OpLinear):
+class Int8OutlierLinear(_Int8Tiled, _OpLinear):
     """LLM.int8(): W8A8 plus outlier input columns kept in float (fused op)."""
     scheme = "llm_int8"
     op_name = "w8a8_outlier_gemm"
@@ -170,17 +193,22 @@ class Int8OutlierLinear(_OpLinear):
 
     def prepare(self, backend: str = "native") -> None:
         super().prepare(backend)
-        self.qweight = self.qweight.contiguous()
+        # the spike guard reads weight columns of the canonical layout: it keeps that one
+        self._tile_for(backend, allowed=self.threshold is None)
         self.weight_scale = self.weight_scale.contiguous()
         self.outlier_idx = self.outlier_idx.to(torch.long).contiguous()
         self.outlier_weight = self.outlier_weight.contiguous()
 
     def decode_spec(self):
-        if self.threshold is not None:  # the spike guard runs in Python around the op
+        if not self.qweight_tiled:  # the spike guard runs in Python around the op
             return None
-        return "llm_int8", 0, [self.qweight, self.weight_scale, self.outlier_idx, self.outlier_weight], self.bias
+        return ("llm_int8_prepared", 0, [self.qweight, self.weight_scale, self.outlier_idx, self.outlier_weight],
+                self.bias)
 
     def gemm(self, x2d):
+        if self.qweight_tiled:
+            return torch.ops.compress.w8a8_outlier_gemm_prepared(x2d, self.qweight, self.weight_scale,
+                                                                 self.outlier_idx, self.outlier_weight)
         op = get_op(self.op_name, self.backend)
         if self.threshold is None:
             return op(x2d, self.qweight, self.weight_scale, self.outlier_idx, self.outlier_weight)
@@ -224,10 +252,11 @@ def fuse_linears(layers: list[nn.Module]) -> nn.Module | None:
         if not same_cols or len({layer.threshold for layer in layers}) > 1 \
                 or len({layer.outlier_weight.dtype for layer in layers}) > 1:
             return None
-        return Int8OutlierLinear(cat("qweight"), cat("weight_scale"), first.outlier_idx, cat("outlier_weight"),
+        qweight = torch.cat([layer.canonical_qweight() for layer in layers])
+        return Int8OutlierLinear(qweight, cat("weight_scale"), first.outlier_idx, cat("outlier_weight"),
                                  bias, first.threshold)
     if isinstance(first, Int8Linear):
-        return Int8Linear(cat("qweight"), cat("weight_scale"), bias)
+        return Int8Linear(torch.cat([layer.canonical_qweight() for layer in layers]), cat("weight_scale"), bias)
     return None
 
 

@@ -15,8 +15,8 @@
 // Each of the four linears (qkv, o, gate_up, down) names its scheme and takes that
 // many tensors from `weights`, in order:
 //   w4a16_prepared: qweight, scale, scaled_zero (fp32, reference.w4a16_prepare_cpu)
-//   w8a8:           qweight, weight_scale
-//   llm_int8:       qweight, weight_scale, outlier_idx, outlier_weight (static set)
+//   w8a8_prepared:     qweight (row-tiled, reference.w8a8_tile_cpu), weight_scale
+//   llm_int8_prepared: the same plus outlier_idx, outlier_weight (static set)
 //   dense:          weight [N, K]
 #include <torch/library.h>
 #include <ATen/ATen.h>
@@ -42,18 +42,18 @@ struct Linear {
 
 int64_t tensors_of(const std::string& scheme) {
   if (scheme == "w4a16_prepared") return 3;
-  if (scheme == "w8a8") return 2;
-  if (scheme == "llm_int8") return 4;
+  if (scheme == "w8a8_prepared") return 2;
+  if (scheme == "llm_int8_prepared") return 4;
   if (scheme == "dense") return 1;
   TORCH_CHECK(false, "decode_layer: unknown linear scheme '", scheme,
-              "'; expected w4a16_prepared, w8a8, llm_int8 or dense");
+              "'; expected w4a16_prepared, w8a8_prepared, llm_int8_prepared or dense");
 }
 
 at::Tensor run_linear(const Linear& l, const at::Tensor& x) {
   at::Tensor y;
   if (l.scheme == "w4a16_prepared") y = w4a16_gemm_prepared(x, l.w[0], l.w[1], l.w[2], l.group_size);
-  else if (l.scheme == "w8a8") y = w8a8_gemm(x, l.w[0], l.w[1]);
-  else if (l.scheme == "llm_int8") y = w8a8_outlier_gemm(x, l.w[0], l.w[1], l.w[2], l.w[3]);
+  else if (l.scheme == "w8a8_prepared") y = w8a8_gemm_prepared(x, l.w[0], l.w[1]);
+  else if (l.scheme == "llm_int8_prepared") y = w8a8_outlier_gemm_prepared(x, l.w[0], l.w[1], l.w[2], l.w[3]);
   else y = at::mm(x, l.w[0].to(x.scalar_type()).t());
   if (l.bias.has_value()) y.add_(l.bias->to(y.scalar_type()));
   return y;

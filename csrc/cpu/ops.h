@@ -11,9 +11,9 @@ namespace compress_cpu {
 
 at::Tensor w4a16_gemm_prepared(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                                const at::Tensor& scaled_zero, int64_t group_size);
-at::Tensor w8a8_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& weight_scale);
-at::Tensor w8a8_outlier_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& weight_scale,
-                             const at::Tensor& outlier_idx, const at::Tensor& outlier_weight);
+at::Tensor w8a8_gemm_prepared(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& weight_scale);
+at::Tensor w8a8_outlier_gemm_prepared(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& weight_scale,
+                                      const at::Tensor& outlier_idx, const at::Tensor& outlier_weight);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
                                                 const at::Tensor& weight, double eps);

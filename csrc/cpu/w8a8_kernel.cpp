@@ -6,7 +6,13 @@
 // Signed x signed bytes: AVX2 vpmaddubsw and VNNI vpdpbusd take one unsigned operand,
 // so the kernels use |x| (unsigned) and w * sign(x) (signed): vpsignb on AVX2, a masked
 // byte negate on AVX-512. Weights are therefore expected in [-127, 127] (symmetric
-// quantization never produces -128). Weights are used in the canonical [N, K] layout.
+// quantization never produces -128).
+//
+// Weights come canonical ([N, K] row-major) or, from the *_prepared ops, row-tiled
+// (reference.w8a8_tile_cpu): when K % 64 == 0 the first N4 = N - N % 4 rows are stored
+// in tiles of 4 rows with their 64-byte chunks interleaved (tile t, chunk c, row r at
+// byte 4t * K + 256c + 64r), so the four rows an M = 1 tile reads are one sequential
+// stream; the other rows stay row-major.
 
 #include "cpu/w8a8_kernel.h"
 
@@ -21,10 +27,14 @@ namespace compress_cpu {
 namespace w8 {
 
 constexpr int64_t kPad = 64;  // activation rows are zero-padded to a multiple of this
+constexpr int64_t kTileRows = 4, kTileChunk = 64;
+// How far ahead an M = 1 tile prefetches a tiled weight stream.
+constexpr int64_t kPrefetchBytes = 2048;
 
 struct Args {
   int64_t M, N, K, Kp;
-  const int8_t* w;   // [N, K]
+  int64_t N4;        // rows [0, N4) tiled by 4 (see above), the rest row-major
+  const int8_t* w;   // [N, K] bytes
   const void* ws;    // weight scale [N]
   ScaleType wst;
   const int8_t* qx;  // [M, Kp] quantized activations
@@ -38,12 +48,65 @@ struct Args {
   float* y;          // [M, N] fp32
 };
 
+// Start of row n's chunk 0, and the distance between its consecutive 64-byte chunks:
+// weight (n, k) is at w8_row(n) + (k / 64) * w8_chunk_stride(n) + k % 64.
+inline const int8_t* w8_row(const Args& a, int64_t n) {
+  return n < a.N4 ? a.w + (n & ~(kTileRows - 1)) * a.K + (n & (kTileRows - 1)) * kTileChunk : a.w + n * a.K;
+}
+inline int64_t w8_chunk_stride(const Args& a, int64_t n) { return n < a.N4 ? kTileRows * kTileChunk : kTileChunk; }
+inline const int8_t* w8_at(const int8_t* row, int64_t cs, int64_t k) { return row + (k / kTileChunk) * cs + k % kTileChunk; }
+
+// q = clamp(round_half_even(v / s), +-127) and |q| for n values; AVX2 below gives the
+// same bytes (IEEE division and round-to-nearest-even are exact operations).
+inline void quantize_span_scalar(const float* v, float s, int64_t n, int8_t* q, uint8_t* a) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float r = std::min(127.f, std::max(-127.f, round_half_even(v[j] / s)));
+    q[j] = static_cast<int8_t>(r);
+    a[j] = static_cast<uint8_t>(std::fabs(r));
+  }
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+inline int64_t quantize_span_avx2(const float* v, float s, int64_t n, int8_t* q, uint8_t* a) {
+  const __m256 sv = _mm256_set1_ps(s), hi = _mm256_set1_ps(127.f), lo = _mm256_set1_ps(-127.f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  int64_t j = 0;
+  for (; j + 32 <= n; j += 32) {
+    __m256i r[4];
+    for (int i = 0; i < 4; ++i) {
+      const __m256 x = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(v + j + 8 * i), sv),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      r[i] = _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, x)));
+    }
+    const __m256i b = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3])), order);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + j), b);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + j), _mm256_abs_epi8(b));
+  }
+  return j;
+}
+
+inline float absmax_avx2(const float* v, int64_t n) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 m = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + j)));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+  for (; j < n; ++j) amax = std::max(amax, std::fabs(v[j]));
+  return amax;
+}
+#pragma GCC pop_options
+
 // Per-token quantization, identical to reference.quantize_per_token_int8 (division,
 // round half to even, clamp +-127). Outlier columns (if any) are gathered to xo and
 // zeroed before the row's absmax, as in reference.w8a8_outlier_gemm.
 inline void quantize_rows(const at::Tensor& x, const int64_t* idx, int64_t C, int64_t Kp, int8_t* qx,
                           uint8_t* ax, float* sx, float* xo) {
   const int64_t M = x.size(0), K = x.size(1);
+  const bool avx2 = active_isa() >= Isa::Avx2;
   at::parallel_for(0, M, 8, [&](int64_t m0, int64_t m1) {
     std::vector<float> row(K);
     for (int64_t m = m0; m < m1; ++m) {
@@ -51,16 +114,17 @@ inline void quantize_rows(const at::Tensor& x, const int64_t* idx, int64_t C, in
       for (int64_t c = 0; c < C; ++c) xo[m * C + c] = row[idx[c]];
       for (int64_t c = 0; c < C; ++c) row[idx[c]] = 0.f;
       float amax = 0.f;
-      for (int64_t j = 0; j < K; ++j) amax = std::max(amax, std::fabs(row[j]));
+      if (avx2) {
+        amax = absmax_avx2(row.data(), K);
+      } else {
+        for (int64_t j = 0; j < K; ++j) amax = std::max(amax, std::fabs(row[j]));
+      }
       const float s = std::max(amax, 1e-10f) / 127.f;
       sx[m] = s;
       int8_t* q = qx + m * Kp;
       uint8_t* a = ax + m * Kp;
-      for (int64_t j = 0; j < K; ++j) {
-        const float v = std::min(127.f, std::max(-127.f, round_half_even(row[j] / s)));
-        q[j] = static_cast<int8_t>(v);
-        a[j] = static_cast<uint8_t>(std::fabs(v));
-      }
+      const int64_t done = avx2 ? quantize_span_avx2(row.data(), s, K, q, a) : 0;
+      quantize_span_scalar(row.data() + done, s, K - done, q + done, a + done);
       std::memset(q + K, 0, Kp - K);
       std::memset(a + K, 0, Kp - K);
     }
@@ -78,9 +142,10 @@ inline void block_scalar(const Args& a, int64_t m0, int64_t m1, int64_t n0, int6
   for (int64_t m = m0; m < m1; ++m) {
     const int8_t* q = a.qx + m * a.Kp;
     for (int64_t n = n0; n < n1; ++n) {
-      const int8_t* w = a.w + n * a.K;
+      const int8_t* w = w8_row(a, n);
+      const int64_t cs = w8_chunk_stride(a, n);
       int32_t acc = 0;
-      for (int64_t k = 0; k < a.K; ++k) acc += static_cast<int32_t>(q[k]) * static_cast<int32_t>(w[k]);
+      for (int64_t k = 0; k < a.K; ++k) acc += static_cast<int32_t>(q[k]) * static_cast<int32_t>(*w8_at(w, cs, k));
       float y = static_cast<float>(acc) * a.sx[m] * load_scale(a.ws, a.wst, n);
       if (a.C) y += outlier_dot_scalar(a, m, n);
       a.y[m * a.N + n] = y;
@@ -137,12 +202,21 @@ inline void tile_avx2(const Args& a, int64_t m0, int64_t n0) {
     for (int n = 0; n < NT; ++n) acc[m][n] = _mm256_setzero_si256();
   // |x| is recomputed per step (one vpabsb per row, shared by the NT weight rows) instead
   // of loaded: the MT activation rows then take half the L1 space and half the loads.
-  // M = 1: the NT rows are short streams; prefetch the same spot of the next tile's rows.
-  const int64_t pf = NT * a.K;
+  // Tiles never straddle the tiled / row-major boundary, so one chunk stride serves all
+  // NT rows. M = 1 prefetch: a tiled tile is one stream, fetched kPrefetchBytes ahead once
+  // per 64-byte line; row-major rows are NT short streams, each fetched at the next
+  // tile's rows (the hardware prefetcher alone ramps up too slowly on either).
+  const int8_t* wrow[NT];
+  for (int n = 0; n < NT; ++n) wrow[n] = w8_row(a, n0 + n);
+  const int64_t cs = w8_chunk_stride(a, n0);
+  const bool tiled = cs != kTileChunk;
   auto body = [&](int64_t koff, const int8_t* const (&wp)[NT]) {
     __m256i w[NT];
     for (int n = 0; n < NT; ++n) {
-      if constexpr (MT == 1) _mm_prefetch(reinterpret_cast<const char*>(wp[n] + pf), _MM_HINT_T0);
+      if constexpr (MT == 1) {
+        if (!tiled) _mm_prefetch(reinterpret_cast<const char*>(wp[n] + NT * a.K), _MM_HINT_T0);
+        else if (koff % kTileChunk == 0) _mm_prefetch(reinterpret_cast<const char*>(wp[n] + kPrefetchBytes), _MM_HINT_T0);
+      }
       w[n] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp[n]));
     }
     for (int m = 0; m < MT; ++m) {
@@ -157,14 +231,14 @@ inline void tile_avx2(const Args& a, int64_t m0, int64_t n0) {
   const int64_t full = a.K / 32 * 32;
   const int8_t* wp[NT];
   for (int64_t k = 0; k < full; k += 32) {
-    for (int n = 0; n < NT; ++n) wp[n] = a.w + (n0 + n) * a.K + k;
+    for (int n = 0; n < NT; ++n) wp[n] = w8_at(wrow[n], cs, k);
     body(k, wp);
   }
-  if (full < a.K) {  // tail: copy the last partial chunk of each row (no read past the tensor)
+  if (full < a.K) {  // tail (row-major only): copy the last partial chunk of each row
     alignas(32) int8_t tail[NT][32];
     for (int n = 0; n < NT; ++n) {
       std::memset(tail[n], 0, 32);
-      std::memcpy(tail[n], a.w + (n0 + n) * a.K + full, a.K - full);
+      std::memcpy(tail[n], w8_at(wrow[n], cs, full), a.K - full);
       wp[n] = tail[n];
     }
     body(full, wp);
@@ -215,17 +289,23 @@ inline void tile_vnni(const Args& a, int64_t m0, int64_t n0) {
         acc[m][n] = _mm512_dpbusd_epi32(acc[m][n], ax[m], _mm512_mask_sub_epi8(w, neg[m], zero, w));
     }
   };
+  const int8_t* wrow[NT];
+  for (int n = 0; n < NT; ++n) wrow[n] = w8_row(a, n0 + n);
+  const int64_t cs = w8_chunk_stride(a, n0);
   const int64_t full = a.K / 64 * 64;
   const int8_t* wp[NT];
   for (int64_t k = 0; k < full; k += 64) {
-    for (int n = 0; n < NT; ++n) wp[n] = a.w + (n0 + n) * a.K + k;
+    for (int n = 0; n < NT; ++n) {
+      wp[n] = w8_at(wrow[n], cs, k);
+      if constexpr (MT == 1) _mm_prefetch(reinterpret_cast<const char*>(wp[n] + (cs != kTileChunk ? kPrefetchBytes : NT * a.K)), _MM_HINT_T0);
+    }
     body(k, wp);
   }
   if (full < a.K) {
     alignas(64) int8_t tail[NT][64];
     for (int n = 0; n < NT; ++n) {
       std::memset(tail[n], 0, 64);
-      std::memcpy(tail[n], a.w + (n0 + n) * a.K + full, a.K - full);
+      std::memcpy(tail[n], w8_at(wrow[n], cs, full), a.K - full);
       wp[n] = tail[n];
     }
     body(full, wp);
@@ -254,7 +334,7 @@ inline void block_vnni(const Args& a, int64_t m0, int64_t m1, int64_t n0, int64_
 
 // Runs the whole op: quantize, tiles over the intra-op pool, cast to x's dtype.
 at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::Tensor& wscale_in,
-                      const at::Tensor* outlier_idx, const at::Tensor* outlier_weight, const char* op) {
+               const at::Tensor* outlier_idx, const at::Tensor* outlier_weight, bool tiled, const char* op) {
   TORCH_CHECK(x_in.dim() == 2, op, ": x must be 2-D [M, K], got ", x_in.sizes());
   TORCH_CHECK(qweight_in.dim() == 2 && qweight_in.scalar_type() == at::kChar, op, ": qweight must be int8 [N, K]");
   const int64_t M = x_in.size(0), K = x_in.size(1), N = qweight_in.size(0);
@@ -292,7 +372,8 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
     xo = at::constant_pad_nd(xo, {0, Ce - C}).contiguous();
   }
   at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
-  Args a{M, N, K, Kp, qweight.data_ptr<int8_t>(), wscale.data_ptr(), scale_type_of(wscale),
+  const int64_t N4 = tiled && K % kTileChunk == 0 ? N - N % kTileRows : 0;
+  Args a{M, N, K, Kp, N4, qweight.data_ptr<int8_t>(), wscale.data_ptr(), scale_type_of(wscale),
          qx.data_ptr<int8_t>(), ax.data_ptr<uint8_t>(), sx.data_ptr<float>(),
          Ce, xo.data_ptr<float>(), C ? ow.data_ptr() : nullptr, C ? scale_type_of(ow) : ScaleType::F32,
          y.data_ptr<float>()};

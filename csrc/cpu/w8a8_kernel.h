@@ -9,9 +9,10 @@ namespace w8 {
 
 // Quantizes x per token (outlier columns gathered and zeroed when outlier_idx is given),
 // runs the int8 tiles over the intra-op pool, adds the fp32 outlier products in the
-// same pass, and returns [M, N] in x's dtype.
+// same pass, and returns [M, N] in x's dtype. `tiled`: qweight is in the load-time row
+// tiling (reference.w8a8_tile_cpu), else canonical [N, K].
 at::Tensor run(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& weight_scale,
-               const at::Tensor* outlier_idx, const at::Tensor* outlier_weight, const char* op);
+               const at::Tensor* outlier_idx, const at::Tensor* outlier_weight, bool tiled, const char* op);
 
 }  // namespace w8
 }  // namespace compress_cpu

@@ -3,6 +3,7 @@
 // and each output's fp32 outlier dot product (C values of x against the [N, C]
 // unquantized weight columns) is added in the int8 tile's epilogue, so the int8 weight
 // matrix is read once. Reference: reference.py::w8a8_outlier_gemm.
+// compress::w8a8_outlier_gemm_prepared: the same on the load-time row-tiled int8 weights.
 #include <torch/library.h>
 
 #include "cpu/ops.h"
@@ -12,9 +13,18 @@ namespace compress_cpu {
 
 at::Tensor w8a8_outlier_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& weight_scale,
                              const at::Tensor& outlier_idx, const at::Tensor& outlier_weight) {
-  return w8::run(x, qweight, weight_scale, &outlier_idx, &outlier_weight, "w8a8_outlier_gemm");
+  return w8::run(x, qweight, weight_scale, &outlier_idx, &outlier_weight, /*tiled=*/false, "w8a8_outlier_gemm");
+}
+
+at::Tensor w8a8_outlier_gemm_prepared(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& weight_scale,
+                                      const at::Tensor& outlier_idx, const at::Tensor& outlier_weight) {
+  return w8::run(x, qweight, weight_scale, &outlier_idx, &outlier_weight, /*tiled=*/true,
+                 "w8a8_outlier_gemm_prepared");
 }
 
 }  // namespace compress_cpu
 
-TORCH_LIBRARY_IMPL(compress, CPU, m) { m.impl("w8a8_outlier_gemm", &compress_cpu::w8a8_outlier_gemm); }
+TORCH_LIBRARY_IMPL(compress, CPU, m) {
+  m.impl("w8a8_outlier_gemm", &compress_cpu::w8a8_outlier_gemm);
+  m.impl("w8a8_outlier_gemm_prepared", &compress_cpu::w8a8_outlier_gemm_prepared);
+}

@@ -162,6 +162,42 @@ def test_w8a8_outlier_matches_reference(isa, shape, ow_dtype):
     assert sqnr_db(ref, out) > 80
 
 
+@pytest.mark.parametrize("shape", [(1, 8, 64), (1, 37, 256), (5, 70, 192), (3, 9, 100), (66, 12, 128), (2, 3, 4096)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_w8a8_prepared_matches_canonical(isa, shape):
+    """The runtime's entries on the load-time row-tiled weights compute exactly what the
+    canonical ones compute (same quantization, exact int32 sums), with and without
+    fused outlier columns."""
+    m, n, k = shape
+    q, s = make_int8(n, k)
+    tiled = reference.w8a8_tile_cpu(q)
+    x = torch.randn(m, k)
+    torch.testing.assert_close(torch.ops.compress.w8a8_gemm_prepared(x, tiled, s),
+                               torch.ops.compress.w8a8_gemm(x, q, s), rtol=1e-6, atol=1e-6)
+    idx = torch.tensor([0, k // 2, k - 1])
+    ow = torch.randn(n, 3)
+    got = torch.ops.compress.w8a8_outlier_gemm_prepared(x, tiled, s, idx, ow)
+    torch.testing.assert_close(got, torch.ops.compress.w8a8_outlier_gemm(x, q, s, idx, ow), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(reference.w8a8_outlier_gemm_prepared(x, tiled, s, idx, ow),
+                               reference.w8a8_outlier_gemm(x, q, s, idx, ow), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("n,k", [(8, 128), (11, 256), (3, 64), (9, 96)])
+def test_w8a8_tile_cpu_layout(n, k):
+    """Each group of 4 rows is stored with its 64-byte chunks interleaved when K % 64 == 0;
+    the rest stays row-major; untiling restores the canonical tensor exactly."""
+    q = make_int8(n, k)[0]
+    tiled = reference.w8a8_tile_cpu(q)
+    assert tiled.shape == q.shape and tiled.dtype == q.dtype
+    assert torch.equal(reference.w8a8_untile_cpu(tiled), q)
+    n4 = n - n % 4 if k % 64 == 0 else 0
+    flat = tiled.reshape(-1)
+    for row in range(n):
+        for chunk in range(k // 64):
+            start = (row // 4) * 4 * k + chunk * 256 + (row % 4) * 64 if row < n4 else row * k + chunk * 64
+            assert torch.equal(flat[start:start + 64], q[row, chunk * 64:chunk * 64 + 64])
+
+
 def test_w8a8_outlier_no_outliers_equals_w8a8(isa):
     q, s = make_int8(11, 130)
     x = torch.randn(4, 130)
@@ -261,9 +297,10 @@ def decode_layer_case(scheme: str, dtype=torch.float32, b: int = 3, pos: int = 6
         if scheme == "w4a16_prepared":
             qweight, scales, zeros = make_int4(n, k, 32, seed=i)
             weights += list(reference.w4a16_prepare_cpu(qweight, scales, zeros))
-        elif scheme in ("w8a8", "llm_int8"):
-            weights += list(make_int8(n, k, seed=i))
-            if scheme == "llm_int8":
+        elif scheme in ("w8a8_prepared", "llm_int8_prepared"):
+            q, ws = make_int8(n, k, seed=i)
+            weights += [reference.w8a8_tile_cpu(q), ws]
+            if scheme == "llm_int8_prepared":
                 weights += [torch.tensor([1, 7, k - 1]), torch.randn(n, 3)]
         else:
             weights.append((torch.randn(n, k) / k ** 0.5).to(dtype))
@@ -279,7 +316,7 @@ def decode_layer_case(scheme: str, dtype=torch.float32, b: int = 3, pos: int = 6
     return args
 
 
-@pytest.mark.parametrize("scheme", ["w4a16_prepared", "w8a8", "llm_int8", "dense"])
+@pytest.mark.parametrize("scheme", ["w4a16_prepared", "w8a8_prepared", "llm_int8_prepared", "dense"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("masked", [False, True])
 def test_decode_layer_matches_reference(isa, scheme, dtype, masked):
@@ -289,7 +326,7 @@ def test_decode_layer_matches_reference(isa, scheme, dtype, masked):
     want = reference.decode_layer(*ref_args)
     # the int4 kernel quantizes activations in blocks of 32 (~45 dB per GEMM); int8 and
     # dense follow the reference's own rounding (bf16 rounds every elementwise step)
-    floor = {"w4a16_prepared": 25, "w8a8": 35, "llm_int8": 35, "dense": 60}[scheme]
+    floor = {"w4a16_prepared": 25, "w8a8_prepared": 35, "llm_int8_prepared": 35, "dense": 60}[scheme]
     assert got.shape == want.shape and got.dtype == dtype
     assert sqnr_db(want, got) > (floor if dtype == torch.float32 else min(floor, 30))
     pos, (k_got, v_got), (k_want, v_want) = args[12], args[10:12], ref_args[10:12]
@@ -300,7 +337,7 @@ def test_decode_layer_matches_reference(isa, scheme, dtype, masked):
 
 
 def test_decode_layer_rejects_bad_arguments():
-    args = list(decode_layer_case("w8a8"))
+    args = list(decode_layer_case("w8a8_prepared"))
     with pytest.raises(RuntimeError, match="unknown linear scheme 'int3'"):
         torch.ops.compress.decode_layer(*args[:4], ["int3"] * 4, *args[5:])
     with pytest.raises(RuntimeError, match="the schemes take 8"):
@@ -322,6 +359,8 @@ def test_opcheck():
         (torch.ops.compress.w4a16_gemm_prepared.default, (x, *reference.w4a16_prepare_cpu(qweight, scales, zeros), 64)),
         (torch.ops.compress.w8a8_gemm.default, (x, q, s)),
         (torch.ops.compress.w8a8_outlier_gemm.default, (x, q, s, idx, ow)),
+        (torch.ops.compress.w8a8_gemm_prepared.default, (x, reference.w8a8_tile_cpu(q), s)),
+        (torch.ops.compress.w8a8_outlier_gemm_prepared.default, (x, reference.w8a8_tile_cpu(q), s, idx, ow)),
         (torch.ops.compress.quantize_per_token_int8.default, (x,)),
         (torch.ops.compress.rms_norm.default, (x, torch.rand(128), 1e-5)),
         (torch.ops.compress.add_rms_norm.default, (x, torch.randn(3, 128), torch.rand(128), 1e-5)),
