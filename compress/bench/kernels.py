@@ -15,7 +15,7 @@ from compress import ops
 from compress.bench.bandwidth import read_bandwidth
 from compress.io.files import atomic_write_text
 from compress.ops import reference
-from compress.ops.reference import w4a16_prepare_cpu
+from compress.ops.reference import w4a16_prepare_cpu, w8a8_tile_cpu
 
 # (N out, K in) from Llama-2-7B (4096x4096, 11008x4096, 4096x11008), Mistral/Llama-3
 # MLP (14336x4096) and a 2048-hidden model's MLP (2048x8192).
@@ -69,21 +69,22 @@ def build_cases(m: int, n: int, k: int, impls: set[str] | None) -> list[Case]:
     c = max(1, int(round(k * OUTLIER_FRACTION)))
     idx = torch.randperm(k)[:c].sort().values
     ow = torch.randn(n, c, dtype=torch.float16) * 0.02
-    # the runtime's int4 entry: row-tiled qweight and fp32 (scale, scale * zero), made at
-    # load time, outside the timing
+    # the runtime's entries: int4 row-tiled qweight and fp32 (scale, scale * zero); int8
+    # row-tiled qweight; made at load time, outside the timing
     qtiled, scale32, szero32 = w4a16_prepare_cpu(qweight, scales, zeros)
     prepared_bytes = qtiled.numel() * 4 + scale32.numel() * 8
+    q8t = w8a8_tile_cpu(q8)
     w4 = torch.ops.compress.w4a16_gemm_prepared
-    w8 = torch.ops.compress.w8a8_gemm
-    w8o = torch.ops.compress.w8a8_outlier_gemm
+    w8 = torch.ops.compress.w8a8_gemm_prepared
+    w8o = torch.ops.compress.w8a8_outlier_gemm_prepared
 
     if want("compress"):
         cases += [
             Case("w4a16", "compress fp32", lambda: w4(x32, qtiled, scale32, szero32, GROUP), prepared_bytes),
             Case("w4a16", "compress bf16", lambda: w4(x16, qtiled, scale32, szero32, GROUP), prepared_bytes),
-            Case("w8a8", "compress fp32", lambda: w8(x32, q8, s8), int8_bytes),
-            Case("w8a8", "compress bf16", lambda: w8(x16, q8, s8), int8_bytes),
-            Case("w8a8_outlier", "compress fp32", lambda: w8o(x32, q8, s8, idx, ow),
+            Case("w8a8", "compress fp32", lambda: w8(x32, q8t, s8), int8_bytes),
+            Case("w8a8", "compress bf16", lambda: w8(x16, q8t, s8), int8_bytes),
+            Case("w8a8_outlier", "compress fp32", lambda: w8o(x32, q8t, s8, idx, ow),
                  int8_bytes + ow.numel() * 2),
         ]
     if want("torch"):
