@@ -15,9 +15,9 @@ NAMESPACE = "compress"
 
 SCHEMAS = {
     "w4a16_gemm": "w4a16_gemm(Tensor x, Tensor qweight, Tensor scales, Tensor zeros, int group_size) -> Tensor",
-    # the same product on the CPU kernel's load-time scales (reference.w4a16_prepare_cpu)
+    # the same product on the CPU kernel's load-time tensors (reference.w4a16_prepare_cpu)
     "w4a16_gemm_prepared": ("w4a16_gemm_prepared(Tensor x, Tensor qweight, Tensor scale, "
-                            "Tensor scaled_zero, int group_size) -> Tensor"),
+                            "Tensor zeros, int group_size) -> Tensor"),
     "w8a8_gemm": "w8a8_gemm(Tensor x, Tensor qweight, Tensor weight_scale) -> Tensor",
     "w8a8_outlier_gemm": ("w8a8_outlier_gemm(Tensor x, Tensor qweight, Tensor weight_scale, "
                           "Tensor outlier_idx, Tensor outlier_weight) -> Tensor"),

@@ -96,17 +96,19 @@ def w4a16_untile_cpu(qweight_tiled: torch.Tensor) -> torch.Tensor:
 def w4a16_prepare_cpu(qweight: torch.Tensor, scales: torch.Tensor,
                       zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Load-time form of an int4 linear for the CPU kernel (``w4a16_gemm_prepared``):
-    the row-tiled qweight (:func:`w4a16_tile_cpu`) and fp32 ``(scale, scale * zero)``,
-    both ``[N, K // group_size]``, so that ``w = u * scale - scaled_zero``."""
-    scale = scales.to(torch.float32).contiguous()
-    return w4a16_tile_cpu(qweight), scale, (scale * zeros.to(torch.float32)).contiguous()
+    the row-tiled qweight (:func:`w4a16_tile_cpu`), fp32 scales and uint8 zero points,
+    both ``[N, K // group_size]`` (5 bytes per group), so ``w = u * scale - scale * zero``."""
+    return (w4a16_tile_cpu(qweight), scales.to(torch.float32).contiguous(),
+            zeros.to(torch.uint8).contiguous())
 
 
 def w4a16_gemm_prepared(x: torch.Tensor, qweight_tiled: torch.Tensor, scale: torch.Tensor,
-                        scaled_zero: torch.Tensor, group_size: int) -> torch.Tensor:
-    """:func:`w4a16_gemm` on :func:`w4a16_prepare_cpu`'s tensors: ``w = u * scale - scaled_zero``."""
+                        zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+    """:func:`w4a16_gemm` on :func:`w4a16_prepare_cpu`'s tensors: ``w = u * scale - scale * zero``
+    (``scale * zero`` rounded to fp32 first, as the kernel's zero-point correction does)."""
     u = unpack_int4(w4a16_untile_cpu(qweight_tiled)).to(torch.float32)
     n, k = u.shape
+    scaled_zero = scale * zeros.to(torch.float32)
     w = u.reshape(n, k // group_size, group_size) * scale.unsqueeze(-1) - scaled_zero.unsqueeze(-1)
     return (x.to(torch.float32) @ w.reshape(n, k).t()).to(x.dtype)
 

@@ -85,8 +85,8 @@ class Int4Linear(_OpLinear):
 
     def prepare(self, backend: str = "native") -> None:
         # The CPU kernel wants the rows of qweight interleaved by tiles of 4 (one weight
-        # stream per tile, reference.w4a16_tile_cpu) and fp32 (scale, scale * zero) per
-        # group, made once here rather than per call. The tiled qweight replaces the
+        # stream per tile, reference.w4a16_tile_cpu), fp32 scales and uint8 zeros, made
+        # once here rather than per call. The tiled qweight replaces the
         # canonical one (no second copy); preparing for another backend restores it.
         super().prepare(backend)
         if self.qweight_tiled:

@@ -14,7 +14,7 @@
 //
 // Each of the four linears (qkv, o, gate_up, down) names its scheme and takes that
 // many tensors from `weights`, in order:
-//   w4a16_prepared: qweight, scale, scaled_zero (fp32, reference.w4a16_prepare_cpu)
+//   w4a16_prepared:    qweight (row-tiled), scale (fp32), zeros (uint8): reference.w4a16_prepare_cpu
 //   w8a8_prepared:     qweight (row-tiled, reference.w8a8_tile_cpu), weight_scale
 //   llm_int8_prepared: the same plus outlier_idx, outlier_weight (static set)
 //   dense:          weight [N, K]

@@ -43,7 +43,7 @@ struct W4Args {
   int64_t N4;                  // rows [0, N4) tiled by 4 (see above), the rest row-major
   const uint8_t* w;            // qweight bytes, K / 2 per row
   const float* s;              // scales fp32 [N, NG]
-  const float* sz;             // scaled zero points s * z, fp32 [N, NG]
+  const uint8_t* z;            // zero points, uint8 [N, NG]
   const int8_t* xq;  // [M, KC * 64] permuted int8 activations
   const float* xs;   // [M, KC * 8] lane scales: 4 x sx(block 2c), 4 x sx(block 2c + 1)
   const float* xg;   // [M, NG] X_g
@@ -193,7 +193,7 @@ void w4_scalar(const W4Args& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1) 
           accg += static_cast<float>(dot) * lane[c * 8 + half * 4];
         }
         acc += a.s[n * a.NG + g] * accg;
-        corr += a.sz[n * a.NG + g] * a.xg[m * a.NG + g];
+        corr += a.s[n * a.NG + g] * static_cast<float>(a.z[n * a.NG + g]) * a.xg[m * a.NG + g];
       }
       a.y[m * a.N + n] = acc - corr;
     }
@@ -233,7 +233,7 @@ void w4_avx512vnni(const W4Args& a, int64_t m0, int64_t m1, int64_t n0, int64_t 
 
 // Exact fallback for group sizes that are not a multiple of 32: dequantize n-blocks to
 // fp32 (w = u * s - s * z) and multiply with at::mm.
-at::Tensor w4_dequant_mm(const at::Tensor& x, const at::Tensor& qweight, const float* s, const float* sz,
+at::Tensor w4_dequant_mm(const at::Tensor& x, const at::Tensor& qweight, const float* s, const uint8_t* z,
                          int64_t G, int64_t N4) {
   const int64_t N = qweight.size(0), K = x.size(1), NG = K / G;
   at::Tensor xf = x.to(at::kFloat);
@@ -253,7 +253,7 @@ at::Tensor w4_dequant_mm(const at::Tensor& x, const at::Tensor& qweight, const f
           const uint8_t byte = w[(k / kChunk) * cs + (k % kChunk) / 2];
           const int u = (k & 1) ? (byte >> 4) : (byte & 0xF);
           const int64_t g = n * NG + k / G;
-          dst[(n - n0) * K + k] = static_cast<float>(u) * s[g] - sz[g];
+          dst[(n - n0) * K + k] = static_cast<float>(u) * s[g] - s[g] * static_cast<float>(z[g]);
         }
       }
     });
@@ -262,17 +262,17 @@ at::Tensor w4_dequant_mm(const at::Tensor& x, const at::Tensor& qweight, const f
   return out;
 }
 
-// The shared body of both entry points; `scale` and `scaled_zero` are fp32 [N, NG].
+// The shared body of both entry points; `scale` is fp32 and `zeros` uint8, both [N, NG].
 // `tiled`: qweight is in the prepared row tiling (w4a16_gemm_prepared), else canonical.
 at::Tensor w4a16_run(const at::Tensor& x_in, const at::Tensor& qweight_in,
-                     const at::Tensor& scale, const at::Tensor& scaled_zero, int64_t G, bool tiled) {
+                     const at::Tensor& scale, const at::Tensor& zeros, int64_t G, bool tiled) {
   const int64_t M = x_in.size(0), K = x_in.size(1), N = qweight_in.size(0), NG = K / G;
   const at::Tensor x = x_in.contiguous(), qweight = qweight_in.contiguous();
   if (M == 0 || N == 0) return at::zeros({M, N}, x.options());
   const float* s = scale.data_ptr<float>();
-  const float* sz = scaled_zero.data_ptr<float>();
+  const uint8_t* z = zeros.data_ptr<uint8_t>();
   const int64_t N4 = tiled && K % kChunk == 0 ? N - N % kTileRows : 0;
-  if (G % kBlock != 0) return w4_dequant_mm(x, qweight, s, sz, G, N4).to(x.scalar_type());
+  if (G % kBlock != 0) return w4_dequant_mm(x, qweight, s, z, G, N4).to(x.scalar_type());
 
   const int64_t KC = ceil_div(K, kChunk);
   // One workspace for the quantized activations (int8 [M, KC*64]), their lane scales
@@ -285,7 +285,7 @@ at::Tensor w4a16_run(const at::Tensor& x_in, const at::Tensor& qweight_in,
   quantize_activations(x, G, KC, xq, xs, xg);
 
   at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
-  W4Args a{M, N, K, G, KC, NG, N4, reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>()), s, sz,
+  W4Args a{M, N, K, G, KC, NG, N4, reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>()), s, z,
            xq, xs, xg, y.data_ptr<float>()};
   void (*kernel)(const W4Args&, int64_t, int64_t, int64_t, int64_t) = w4_scalar;
   switch (active_isa()) {
@@ -320,17 +320,17 @@ at::Tensor w4a16_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::
                       const at::Tensor& zeros, int64_t group_size) {
   check_w4_args("w4a16_gemm", x, qweight, scales, zeros, group_size);
   const at::Tensor sf = scales.to(at::kFloat).contiguous();
-  const at::Tensor szf = (sf * zeros.to(at::kFloat)).contiguous();
-  return w4a16_run(x, qweight, sf, szf, group_size, /*tiled=*/false);
+  return w4a16_run(x, qweight, sf, zeros.to(at::kByte).contiguous(), group_size, /*tiled=*/false);
 }
 
 at::Tensor w4a16_gemm_prepared(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
-                               const at::Tensor& scaled_zero, int64_t group_size) {
-  check_w4_args("w4a16_gemm_prepared", x, qweight, scale, scaled_zero, group_size);
-  TORCH_CHECK(scale.scalar_type() == at::kFloat && scaled_zero.scalar_type() == at::kFloat &&
-                  scale.is_contiguous() && scaled_zero.is_contiguous(),
-              "w4a16_gemm_prepared: scale and scaled_zero must be contiguous float32 (see w4a16_prepare_cpu)");
-  return w4a16_run(x, qweight, scale, scaled_zero, group_size, /*tiled=*/true);
+                               const at::Tensor& zeros, int64_t group_size) {
+  check_w4_args("w4a16_gemm_prepared", x, qweight, scale, zeros, group_size);
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && zeros.scalar_type() == at::kByte && scale.is_contiguous() &&
+                  zeros.is_contiguous(),
+              "w4a16_gemm_prepared: scale must be contiguous float32 and zeros contiguous uint8 "
+              "(see w4a16_prepare_cpu), got ", scale.scalar_type(), " and ", zeros.scalar_type());
+  return w4a16_run(x, qweight, scale, zeros, group_size, /*tiled=*/true);
 }
 
 }  // namespace compress_cpu

@@ -61,15 +61,15 @@ def test_w4a16_matches_reference(isa, shape, dtype):
 
 @pytest.mark.parametrize("shape", W4_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_w4a16_prepared_matches_canonical(isa, shape):
-    """The runtime's entry (row-tiled qweight, fp32 scale and scale * zero, made once at
+    """The runtime's entry (row-tiled qweight, fp32 scales, uint8 zeros, made once at
     load time) computes what the canonical entry computes, and both sit at the same
     distance from the reference."""
     m, n, k, group = shape
     qweight, scales, zeros = make_int4(n, k, group)
     x = torch.randn(m, k)
-    qtiled, scale, scaled_zero = reference.w4a16_prepare_cpu(qweight, scales, zeros)
-    out = torch.ops.compress.w4a16_gemm_prepared(x, qtiled, scale, scaled_zero, group)
-    ref = reference.w4a16_gemm_prepared(x, qtiled, scale, scaled_zero, group)
+    qtiled, scale, zeros8 = reference.w4a16_prepare_cpu(qweight, scales, zeros)
+    out = torch.ops.compress.w4a16_gemm_prepared(x, qtiled, scale, zeros8, group)
+    ref = reference.w4a16_gemm_prepared(x, qtiled, scale, zeros8, group)
     torch.testing.assert_close(ref, reference.w4a16_gemm(x, qweight, scales, zeros, group), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out, torch.ops.compress.w4a16_gemm(x, qweight, scales, zeros, group),
                                rtol=1e-5, atol=1e-5)
@@ -95,8 +95,10 @@ def test_w4a16_tile_cpu_layout(n, k):
 
 def test_w4a16_prepared_rejects_unprepared_scales():
     qweight, scales, zeros = make_int4(8, 64, 32)
-    with pytest.raises(RuntimeError, match="float32"):
-        torch.ops.compress.w4a16_gemm_prepared(torch.randn(1, 64), qweight, scales, zeros.float(), 32)
+    with pytest.raises(RuntimeError, match="scale must be contiguous float32 and zeros contiguous uint8"):
+        torch.ops.compress.w4a16_gemm_prepared(torch.randn(1, 64), qweight, scales.half(), zeros, 32)
+    with pytest.raises(RuntimeError, match="scale must be contiguous float32 and zeros contiguous uint8"):
+        torch.ops.compress.w4a16_gemm_prepared(torch.randn(1, 64), qweight, scales.float(), zeros.float(), 32)
 
 
 @pytest.mark.parametrize("scale_dtype", [torch.float32, torch.bfloat16])
