@@ -85,6 +85,16 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
 // is read once per group, not once per head) with 8-wide FMAs over D (D % 8 == 0).
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+// K and V rows of one kv head are short strided streams (D floats each, a cache row of
+// max_len * D per head): fetch the row kAttnPrefetchRows ahead, one prefetch per line.
+// Prefetching past the slice is harmless (the cache tensor goes on, and prefetches never fault).
+// 8 rows (2 KiB at D = 64) ahead measured 2-16% faster than none over 96-1024 keys
+// (24 layers, same process, alternating); 2 and 4 rows were in between.
+constexpr int64_t kAttnPrefetchRows = 8;
+inline void prefetch_row(const float* p, int64_t D) {
+  for (int64_t d = 0; d < D; d += 16) _mm_prefetch(reinterpret_cast<const char*>(p + d), _MM_HINT_T0);
+}
+
 void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* mask,
                      int64_t mask_rows, at::Tensor& out) {
   const AttnArgs<float> a(q, k, v, out);
@@ -105,6 +115,7 @@ void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
           continue;
         }
         const float* krow = kbase + s * a.ks2;
+        prefetch_row(krow + kAttnPrefetchRows * a.ks2, D);
         for (int64_t g = 0; g < group; ++g) {
           const float* qg = qf.data() + g * D;
           __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
@@ -145,6 +156,7 @@ void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       const float* vbase = a.v + b * a.vs0 + hk * a.vs1;
       for (int64_t s = 0; s < S; ++s) {
         const float* vrow = vbase + s * a.vs2;
+        prefetch_row(vrow + kAttnPrefetchRows * a.vs2, D);
         for (int64_t g = 0; g < group; ++g) {
           const float p = scores[g * S + s];
           if (p == 0.f) continue;
