@@ -238,8 +238,8 @@ def test_isa_override():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(1, 1, 256), (3, 5, 96), (2, 17)], ids=lambda s: "x".join(map(str, s)))
-def test_rms_norm_matches_reference(shape, dtype):
+@pytest.mark.parametrize("shape", [(1, 1, 256), (3, 5, 96), (2, 17), (1, 1000)], ids=lambda s: "x".join(map(str, s)))
+def test_rms_norm_matches_reference(isa, shape, dtype):
     x, r = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
     w = (torch.rand(shape[-1]) + 0.5).to(dtype)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
