@@ -50,7 +50,8 @@ def _cmd_eval(args) -> int:
 def _cmd_generate(args) -> int:
     from compress.runtime import LLM, SamplingParams
 
-    llm = LLM(args.path, dtype=args.dtype, kernels=args.kernels, threads=args.threads)
+    llm = LLM(args.path, dtype=args.dtype, kernels=args.kernels, threads=args.threads,
+              kv_cache_dtype=args.kv_cache_dtype)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed)
     if args.stream:
@@ -118,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stream", action="store_true")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    g.add_argument("--kv-cache-dtype", default=None, choices=["float16"],
+                   help="store keys and values in float16 (half the cache bytes; default: --dtype, exact)")
     g.add_argument("--kernels", choices=["native", "reference"], default="native")
     g.add_argument("--threads", type=int, default=None)
     g.set_defaults(func=_cmd_generate)

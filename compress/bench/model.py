@@ -29,6 +29,7 @@ class ModelRecord:
     decode_tok_s: float
     weight_bytes_per_token: int
     bandwidth_limit_tok_s: float
+    kv_cache: str = ""  # the KV cache's element type (llama.cpp: its default, f16)
 
 
 def _median(v):
@@ -165,16 +166,19 @@ def run(args, log=print) -> dict:
     bw = read_bandwidth(int(args.bandwidth_mib) << 20)
     gbps = bw["best_gbps"]
     log(f"# threads={threads} DRAM read bandwidth: best {gbps:.1f} GB/s (median {bw['median_gbps']:.1f})")
-    runners = []   # (engine, scheme, batch, weight bytes per token, one_round)
+    runners = []   # (engine, scheme, batch, weight bytes per token, one_round, kv cache type)
     engines = set(args.engines)
     if "compress" in engines:
         from compress.runtime import LLM
         for path in args.paths:
-            llm = LLM(path, dtype=args.dtype, kernels="native", threads=threads, max_batch_size=max(args.batch))
-            scheme = "+".join(sorted({getattr(mod, "scheme", None) for mod in llm.model.modules()} - {None}))
-            for b in args.batch:
-                runners.append(("compress", scheme, b, _streamed_bytes(llm.model),
-                                compress_runner(llm, b, args.prompt_len, args.new_tokens)))
+            for kv in args.kv_cache_dtypes:
+                llm = LLM(path, dtype=args.dtype, kernels="native", threads=threads, max_batch_size=max(args.batch),
+                          kv_cache_dtype=None if kv == "model" else kv)
+                scheme = "+".join(sorted({getattr(mod, "scheme", None) for mod in llm.model.modules()} - {None}))
+                kv_name = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}[llm.runner.kv_dtype]
+                for b in args.batch:
+                    runners.append(("compress", scheme, b, _streamed_bytes(llm.model),
+                                    compress_runner(llm, b, args.prompt_len, args.new_tokens), kv_name))
     hf = args.hf
     if hf and "transformers" in engines:
         from transformers import AutoModelForCausalLM
@@ -184,7 +188,8 @@ def run(args, log=print) -> dict:
             torch.set_num_threads(threads)
             for b in args.batch:
                 runners.append(("transformers", dt, b, _streamed_bytes(model),
-                                transformers_runner(model, b, args.prompt_len, args.new_tokens)))
+                                transformers_runner(model, b, args.prompt_len, args.new_tokens),
+                                {"float32": "f32", "bfloat16": "bf16"}[dt]))
     if hf and "llamacpp" in engines:
         cfg = json.loads((Path(hf) / "config.json").read_text())
         cache = Path(args.gguf_dir or (Path(hf).parent / "gguf"))
@@ -193,19 +198,20 @@ def run(args, log=print) -> dict:
             nbytes = gguf.stat().st_size - cfg["vocab_size"] * cfg["hidden_size"] * {"f16": 2, "q8_0": 34 / 32,
                                                                                         "q4_0": 18 / 32}[qt]
             runners.append(("llama.cpp", qt, 1, int(nbytes),
-                            llamacpp_runner(gguf, args.prompt_len, args.new_tokens, threads, cfg["vocab_size"])))
+                            llamacpp_runner(gguf, args.prompt_len, args.new_tokens, threads, cfg["vocab_size"]),
+                            "f16"))
     rounds: list[list[tuple[float, float]]] = [[] for _ in runners]
     for r in range(args.reps):
         log(f"# round {r + 1}/{args.reps}: every engine in turn")
         for i, runner in enumerate(runners):
             rounds[i].append(runner[4]())
     records: list[ModelRecord] = []
-    for (engine, scheme, batch, nbytes, _), res in zip(runners, rounds):
+    for (engine, scheme, batch, nbytes, _, kv), res in zip(runners, rounds):
         limit = gbps * 1e9 / nbytes * batch if nbytes else float("nan")
         rec = ModelRecord(engine, scheme, batch, threads, args.prompt_len, args.new_tokens,
-                          _median([p for p, _ in res]), _median([d for _, d in res]), nbytes, limit)
+                          _median([p for p, _ in res]), _median([d for _, d in res]), nbytes, limit, kv)
         records.append(rec)
-        log(f"{engine:<13} {scheme:<14} batch {batch:>3}  prefill {rec.prefill_tok_s:8.1f} tok/s  "
+        log(f"{engine:<13} {scheme:<14} kv {kv:<4} batch {batch:>3}  prefill {rec.prefill_tok_s:8.1f} tok/s  "
             f"decode {rec.decode_tok_s:7.1f} tok/s  (limit {limit:7.1f} tok/s, {nbytes / 1e6:6.1f} MB/token)")
     for line in decode_ratios(records):
         log(line)
@@ -224,7 +230,8 @@ def decode_ratios(records: list[ModelRecord]) -> list[str]:
             (o.engine == "llama.cpp" and o.scheme == peer) or o.engine == "transformers")]
         if others:
             parts = ", ".join(f"{r.decode_tok_s / o.decode_tok_s:.2f}x {o.engine} {o.scheme}" for o in others)
-            lines.append(f"# decode, batch {r.batch}: compress {r.scheme} = {parts}")
+            kv = f" (kv {r.kv_cache})" if r.kv_cache else ""
+            lines.append(f"# decode, batch {r.batch}: compress {r.scheme}{kv} = {parts}")
     return lines
 
 
@@ -246,6 +253,9 @@ def add_arguments(p) -> None:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int)
     p.add_argument("--dtype", default="float32", help="activation dtype of our runtime")
+    p.add_argument("--kv-cache-dtypes", nargs="*", default=["model", "float16"], choices=["model", "float16"],
+                   help="KV cache types to run our runtime with: 'model' (= --dtype, exact) and/or float16 "
+                        "(what llama.cpp keeps)")
     p.add_argument("--hf-dtypes", nargs="*", default=["float32", "bfloat16"])
     p.add_argument("--gguf-types", nargs="*", default=["q4_0", "q8_0"], choices=["q4_0", "q8_0", "f16"])
     p.add_argument("--gguf-dir", help="where converted GGUF files are cached (default: next to --hf)")

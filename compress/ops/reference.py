@@ -289,8 +289,10 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      mask: torch.Tensor | None = None) -> torch.Tensor:
     """One query per row: ``q [B, Hq, D]`` over ``k, v [B, Hkv, S, D]`` (query head h reads
     kv head ``h // (Hq / Hkv)``), ``mask [B|1, S]`` True where a key may be attended;
-    scaled by ``1/sqrt(D)``. Returns ``[B, Hq * D]``. Every row must see at least one key."""
+    scaled by ``1/sqrt(D)``. Returns ``[B, Hq * D]``. Every row must see at least one key.
+    ``k``/``v`` may be float16 (a half-size KV cache) under a float32 / bfloat16 ``q``."""
     b, hq, d = q.shape
+    k, v = k.to(q.dtype), v.to(q.dtype)
     am = None if mask is None else mask.to(torch.bool)[:, None, None, :]
     y = torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=am,
                                                          enable_gqa=hq != k.shape[1])

@@ -41,29 +41,35 @@ class LLM:
 
     ``kernels``: 'native' (compiled kernels where available, else the reference) or
     'reference' (the pure-PyTorch ops). ``max_seq_len`` defaults to the config's
-    ``max_position_embeddings``. ``threads`` sets torch's intra-op threads."""
+    ``max_position_embeddings``. ``threads`` sets torch's intra-op threads.
+    ``kv_cache_dtype``: the KV cache's element type, ``None`` for the model's ``dtype``
+    (exact) or ``"float16"`` (half the cache bytes a decode step reads, as llama.cpp
+    keeps its cache; keys and values are rounded to fp16 when stored)."""
 
     def __init__(self, path, dtype="float32", kernels: str = "native", device: str = "cpu",
-                 max_seq_len: int | None = None, threads: int | None = None, max_batch_size: int = 32):
+                 max_seq_len: int | None = None, threads: int | None = None, max_batch_size: int = 32,
+                 kv_cache_dtype=None):
         ckpt = open_checkpoint(path)
         directory = Path(getattr(ckpt, "path", None) or path)
         self.checkpoint_path = directory
         self._setup(ckpt, dtype, kernels, device, max_seq_len, threads, max_batch_size,
                     tokenizer=_load_tokenizer(ckpt.tokenizer_path),
-                    generation_config=_read_json(directory / "generation_config.json"))
+                    generation_config=_read_json(directory / "generation_config.json"),
+                    kv_cache_dtype=kv_cache_dtype)
 
     @classmethod
     def from_checkpoint(cls, ckpt, tokenizer=None, dtype="float32", kernels: str = "native",
                         device: str = "cpu", max_seq_len: int | None = None, threads: int | None = None,
-                        max_batch_size: int = 32) -> "LLM":
+                        max_batch_size: int = 32, kv_cache_dtype=None) -> "LLM":
         """Build from an in-memory checkpoint (``config``, ``dense``, ``quantized``)."""
         self = cls.__new__(cls)
         self.checkpoint_path = getattr(ckpt, "path", None)
-        self._setup(ckpt, dtype, kernels, device, max_seq_len, threads, max_batch_size, tokenizer, {})
+        self._setup(ckpt, dtype, kernels, device, max_seq_len, threads, max_batch_size, tokenizer, {},
+                    kv_cache_dtype)
         return self
 
     def _setup(self, ckpt, dtype, kernels, device, max_seq_len, threads, max_batch_size,
-               tokenizer, generation_config: dict) -> None:
+               tokenizer, generation_config: dict, kv_cache_dtype=None) -> None:
         if kernels not in BACKENDS:
             raise ValueError(f"unknown kernels {kernels!r}; choose one of {BACKENDS}")
         if threads:
@@ -74,7 +80,10 @@ class LLM:
         self.device = torch.device(device)
         self.kernels = kernels
         self.model = build_model(ckpt, self.dtype, self.device, kernels, max_seq_len)
-        self.runner = ModelRunner(self.model)
+        kv = self.dtype if kv_cache_dtype is None else _resolve_dtype(kv_cache_dtype)
+        if kv not in (self.dtype, torch.float16):
+            raise ValueError(f"kv_cache_dtype must be the model dtype ({self.dtype}) or float16, got {kv}")
+        self.runner = ModelRunner(self.model, kv)
         self.scheduler = Scheduler(max_batch_size)
         self.tokenizer = tokenizer
         self.eos_token_ids = _eos_ids(self.config, generation_config, tokenizer)

@@ -14,8 +14,9 @@ from compress.runtime.models.llama import LlamaFamilyModel
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaFamilyModel):
+    def __init__(self, model: LlamaFamilyModel, kv_dtype: torch.dtype | None = None):
         self.model = model
+        self.kv_dtype = model.dtype if kv_dtype is None else kv_dtype  # the KV cache's element type
         self.device = model.device
         self.cache: KVCache | None = None
         self.length = 0             # slots filled (same for every row)
@@ -27,11 +28,11 @@ class ModelRunner:
         return self.model.max_seq_len
 
     def _ensure_cache(self, batch: int, max_len: int) -> None:
-        if self.cache is None or not self.cache.fits(batch, max_len, self.model.dtype):
+        if self.cache is None or not self.cache.fits(batch, max_len, self.kv_dtype):
             rows, slots = self.cache.capacity if self.cache is not None else (0, 0)
             self.cache = None  # free the old one first
             self.cache = KVCache(len(self.model.layers), max(batch, rows), self.model.n_kv_heads,
-                                 max(max_len, slots), self.model.head_dim, self.model.dtype, self.device)
+                                 max(max_len, slots), self.model.head_dim, self.kv_dtype, self.device)
         self.cache.batch = batch
 
     @torch.inference_mode()

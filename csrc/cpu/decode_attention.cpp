@@ -3,8 +3,9 @@
 // contiguous last dim, so the cache's slices are used in place); mask [B|1, S] bool
 // (true = may attend) or none; grouped-query heads (head h reads kv head h / (Hq/Hkv)).
 // Out [B, Hq * D] in q's dtype, ready for o_proj. fp32 scores and softmax, one pass per
-// (row, head). Reference: compress/ops/reference.py::decode_attention (= SDPA with
-// enable_gqa at one query).
+// (row, head). k and v have q's dtype, or float16 (a half-size KV cache; values are
+// widened to fp32 as they are read). Reference: compress/ops/reference.py::decode_attention
+// (= SDPA with enable_gqa at one query).
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -20,25 +21,26 @@ namespace compress_cpu {
 namespace {
 
 // Sizes, strides and typed pointers of one call (q [B, Hq, D], k / v [B, Hkv, S, D]).
-template <typename T>
+template <typename T, typename TKV>
 struct AttnArgs {
   int64_t B, Hq, D, Hkv, S, group;
   float scale;
-  const T *q, *k, *v;
+  const T* q;
+  const TKV *k, *v;
   T* out;
   int64_t qs0, qs1, ks0, ks1, ks2, vs0, vs1, vs2;
 
   AttnArgs(const at::Tensor& qt, const at::Tensor& kt, const at::Tensor& vt, at::Tensor& ot)
       : B(qt.size(0)), Hq(qt.size(1)), D(qt.size(2)), Hkv(kt.size(1)), S(kt.size(2)), group(Hq / Hkv),
-        scale(1.f / std::sqrt(static_cast<float>(D))), q(qt.data_ptr<T>()), k(kt.data_ptr<T>()),
-        v(vt.data_ptr<T>()), out(ot.data_ptr<T>()), qs0(qt.stride(0)), qs1(qt.stride(1)), ks0(kt.stride(0)),
+        scale(1.f / std::sqrt(static_cast<float>(D))), q(qt.data_ptr<T>()), k(kt.data_ptr<TKV>()),
+        v(vt.data_ptr<TKV>()), out(ot.data_ptr<T>()), qs0(qt.stride(0)), qs1(qt.stride(1)), ks0(kt.stride(0)),
         ks1(kt.stride(1)), ks2(kt.stride(2)), vs0(vt.stride(0)), vs1(vt.stride(1)), vs2(vt.stride(2)) {}
 };
 
-template <typename T>
+template <typename T, typename TKV>
 void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* mask, int64_t mask_rows,
             at::Tensor& out) {
-  const AttnArgs<T> a(q, k, v, out);
+  const AttnArgs<T, TKV> a(q, k, v, out);
   const int64_t S = a.S, D = a.D;
   at::parallel_for(0, a.B * a.Hq, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(S), qf(D), acc(D);
@@ -53,7 +55,7 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
           scores[s] = -std::numeric_limits<float>::infinity();
           continue;
         }
-        const T* krow = a.k + b * a.ks0 + hk * a.ks1 + s * a.ks2;
+        const TKV* krow = a.k + b * a.ks0 + hk * a.ks1 + s * a.ks2;
         float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
         for (int64_t d = 0; d < D; ++d) dot += qf[d] * static_cast<float>(krow[d]);
@@ -70,7 +72,7 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
       for (int64_t s = 0; s < S; ++s) {
         const float p = scores[s];
         if (p == 0.f) continue;
-        const T* vrow = a.v + b * a.vs0 + hk * a.vs1 + s * a.vs2;
+        const TKV* vrow = a.v + b * a.vs0 + hk * a.vs1 + s * a.vs2;
 #pragma omp simd
         for (int64_t d = 0; d < D; ++d) acc[d] += p * static_cast<float>(vrow[d]);
       }
@@ -84,20 +86,29 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
 // fp32 on AVX2 + FMA: the q heads that share a kv head are done together (each K / V row
 // is read once per group, not once per head) with 8-wide FMAs over D (D % 8 == 0).
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
-// K and V rows of one kv head are short strided streams (D floats each, a cache row of
+#pragma GCC target("avx2,fma,f16c")
+// 8 K / V values widened to fp32.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// K and V rows of one kv head are short strided streams (D values each, a cache row of
 // max_len * D per head): fetch the row kAttnPrefetchRows ahead, one prefetch per line.
 // Prefetching past the slice is harmless (the cache tensor goes on, and prefetches never fault).
 // 8 rows (2 KiB at D = 64) ahead measured 2-16% faster than none over 96-1024 keys
 // (24 layers, same process, alternating); 2 and 4 rows were in between.
 constexpr int64_t kAttnPrefetchRows = 8;
-inline void prefetch_row(const float* p, int64_t D) {
-  for (int64_t d = 0; d < D; d += 16) _mm_prefetch(reinterpret_cast<const char*>(p + d), _MM_HINT_T0);
+template <typename TKV>
+inline void prefetch_row(const TKV* p, int64_t D) {
+  for (int64_t d = 0; d < D; d += 64 / static_cast<int64_t>(sizeof(TKV)))
+    _mm_prefetch(reinterpret_cast<const char*>(p + d), _MM_HINT_T0);
 }
 
+template <typename TKV>
 void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* mask,
                      int64_t mask_rows, at::Tensor& out) {
-  const AttnArgs<float> a(q, k, v, out);
+  const AttnArgs<float, TKV> a(q, k, v, out);
   const int64_t S = a.S, D = a.D, group = a.group;
   at::parallel_for(0, a.B * a.Hkv, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(group * D), scores(group * S), acc(group * D);
@@ -108,23 +119,23 @@ void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         for (int64_t d = 0; d < D; ++d) qf[g * D + d] = qrow[d] * a.scale;
       }
       const bool* mrow = mask ? mask + (mask_rows == 1 ? 0 : b) * S : nullptr;
-      const float* kbase = a.k + b * a.ks0 + hk * a.ks1;
+      const TKV* kbase = a.k + b * a.ks0 + hk * a.ks1;
       for (int64_t s = 0; s < S; ++s) {
         if (mrow && !mrow[s]) {
           for (int64_t g = 0; g < group; ++g) scores[g * S + s] = -std::numeric_limits<float>::infinity();
           continue;
         }
-        const float* krow = kbase + s * a.ks2;
+        const TKV* krow = kbase + s * a.ks2;
         prefetch_row(krow + kAttnPrefetchRows * a.ks2, D);
         for (int64_t g = 0; g < group; ++g) {
           const float* qg = qf.data() + g * D;
           __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
           int64_t d = 0;
           for (; d + 16 <= D; d += 16) {
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), _mm256_loadu_ps(krow + d), a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d + 8), _mm256_loadu_ps(krow + d + 8), a1);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), load8(krow + d), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d + 8), load8(krow + d + 8), a1);
           }
-          if (d < D) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), _mm256_loadu_ps(krow + d), a0);
+          if (d < D) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), load8(krow + d), a0);
           scores[g * S + s] = hsum256_ps(_mm256_add_ps(a0, a1));
         }
       }
@@ -153,9 +164,9 @@ void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         for (int64_t s = 0; s < S; ++s) sc[s] *= inv;
       }
       std::fill(acc.begin(), acc.end(), 0.f);
-      const float* vbase = a.v + b * a.vs0 + hk * a.vs1;
+      const TKV* vbase = a.v + b * a.vs0 + hk * a.vs1;
       for (int64_t s = 0; s < S; ++s) {
-        const float* vrow = vbase + s * a.vs2;
+        const TKV* vrow = vbase + s * a.vs2;
         prefetch_row(vrow + kAttnPrefetchRows * a.vs2, D);
         for (int64_t g = 0; g < group; ++g) {
           const float p = scores[g * S + s];
@@ -163,7 +174,7 @@ void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
           const __m256 pv = _mm256_set1_ps(p);
           float* ag = acc.data() + g * D;
           for (int64_t d = 0; d < D; d += 8)
-            _mm256_storeu_ps(ag + d, _mm256_fmadd_ps(pv, _mm256_loadu_ps(vrow + d), _mm256_loadu_ps(ag + d)));
+            _mm256_storeu_ps(ag + d, _mm256_fmadd_ps(pv, load8(vrow + d), _mm256_loadu_ps(ag + d)));
         }
       }
       for (int64_t g = 0; g < group; ++g)
@@ -182,8 +193,10 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   TORCH_CHECK(k.sizes() == v.sizes(), "decode_attention: k ", k.sizes(), " and v ", v.sizes(), " differ");
   TORCH_CHECK(k.size(0) == q.size(0) && k.size(3) == q.size(2) && k.size(1) > 0 && q.size(1) % k.size(1) == 0,
               "decode_attention: q ", q.sizes(), " does not fit k ", k.sizes(), " (batch, head_dim, or Hq % Hkv)");
-  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
-              "decode_attention: q, k and v must share a dtype");
+  TORCH_CHECK(k.scalar_type() == v.scalar_type() && (k.scalar_type() == q.scalar_type() || k.scalar_type() == at::kHalf),
+              "decode_attention: k and v must both have q's dtype or both float16; got q ", q.scalar_type(), ", k ",
+              k.scalar_type(), ", v ", v.scalar_type());
+  const bool half_kv = k.scalar_type() == at::kHalf && q.scalar_type() != at::kHalf;
   TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1, "decode_attention: k and v need a contiguous last dim");
   const at::Tensor qc = q.stride(2) == 1 ? q : q.contiguous();
   at::Tensor m;
@@ -196,11 +209,14 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t mask_rows = mask.has_value() ? m.size(0) : 0;
   at::Tensor out = at::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
   if (q.scalar_type() == at::kFloat && q.size(2) % 8 == 0 && active_isa() != Isa::Scalar) {
-    attend_f32_avx2(qc, k, v, mask_ptr, mask_rows, out);
+    if (half_kv) attend_f32_avx2<c10::Half>(qc, k, v, mask_ptr, mask_rows, out);
+    else attend_f32_avx2<float>(qc, k, v, mask_ptr, mask_rows, out);
     return out;
   }
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "decode_attention",
-                                  [&] { attend<scalar_t>(qc, k, v, mask_ptr, mask_rows, out); });
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "decode_attention", [&] {
+    if (half_kv) attend<scalar_t, c10::Half>(qc, k, v, mask_ptr, mask_rows, out);
+    else attend<scalar_t, scalar_t>(qc, k, v, mask_ptr, mask_rows, out);
+  });
   return out;
 }
 

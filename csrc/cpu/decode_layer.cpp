@@ -61,8 +61,8 @@ at::Tensor run_linear(const Linear& l, const at::Tensor& x) {
 
 // Rotates q and k heads of one qkv row block (rotate-half convention, products and sum
 // rounded to T as x * cos + rotate_half(x) * sin is), writes q to `q` [B, nq, D] and
-// k, v into the caches at slot `pos`.
-template <typename T>
+// k, v into the caches (element type TC: T, or a float16 cache) at slot `pos`.
+template <typename T, typename TC>
 void rope_and_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& q,
                     at::Tensor& k_cache, at::Tensor& v_cache, int64_t pos, int64_t nq, int64_t nkv) {
   const int64_t B = qkv.size(0), D = cos.size(1), half = D / 2, heads = nq + 2 * nkv;
@@ -70,8 +70,8 @@ void rope_and_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tens
   const T* cos_base = cos.data_ptr<T>();
   const T* sin_base = sin.data_ptr<T>();
   T* qp = q.data_ptr<T>();
-  T* kp = k_cache.data_ptr<T>();
-  T* vp = v_cache.data_ptr<T>();
+  TC* kp = k_cache.data_ptr<TC>();
+  TC* vp = v_cache.data_ptr<TC>();
   const int64_t ks0 = k_cache.stride(0), ks1 = k_cache.stride(1), ks2 = k_cache.stride(2);
   const int64_t vs0 = v_cache.stride(0), vs1 = v_cache.stride(1), vs2 = v_cache.stride(2);
   for (int64_t b = 0; b < B; ++b) {
@@ -79,17 +79,22 @@ void rope_and_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tens
     const T* s = sin_base + b * sin.stride(0);
     for (int64_t h = 0; h < heads; ++h) {
       const T* x = src_base + b * qkv.stride(0) + h * D;
-      if (h >= nq + nkv) {  // v: stored as is
-        std::copy_n(x, D, vp + b * vs0 + (h - nq - nkv) * vs1 + pos * vs2);
+      if (h >= nq + nkv) {  // v: stored as is (rounded to TC)
+        TC* dst = vp + b * vs0 + (h - nq - nkv) * vs1 + pos * vs2;
+        for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<TC>(static_cast<float>(x[d]));
         continue;
       }
-      T* dst = h < nq ? qp + (b * nq + h) * D : kp + b * ks0 + (h - nq) * ks1 + pos * ks2;
-      for (int64_t d = 0; d < D; ++d) {
-        const float rot = d < half ? -static_cast<float>(x[d + half]) : static_cast<float>(x[d - half]);
-        const T a = static_cast<T>(static_cast<float>(x[d]) * static_cast<float>(c[d]));
-        const T r = static_cast<T>(rot * static_cast<float>(s[d]));
-        dst[d] = static_cast<T>(static_cast<float>(a) + static_cast<float>(r));
-      }
+      auto rotate = [&](auto* dst) {
+        using TD = std::remove_pointer_t<decltype(dst)>;
+        for (int64_t d = 0; d < D; ++d) {
+          const float rot = d < half ? -static_cast<float>(x[d + half]) : static_cast<float>(x[d - half]);
+          const T a = static_cast<T>(static_cast<float>(x[d]) * static_cast<float>(c[d]));
+          const T r = static_cast<T>(rot * static_cast<float>(s[d]));
+          dst[d] = static_cast<TD>(static_cast<float>(static_cast<T>(static_cast<float>(a) + static_cast<float>(r))));
+        }
+      };
+      if (h < nq) rotate(qp + (b * nq + h) * D);
+      else rotate(kp + b * ks0 + (h - nq) * ks1 + pos * ks2);
     }
   }
 }
@@ -165,9 +170,12 @@ at::Tensor decode_layer(const at::Tensor& x_in, const at::Tensor& attn_norm_weig
                   k_cache.size(1) == nkv && k_cache.size(3) == D && pos >= 0 && pos < k_cache.size(2),
               "decode_layer: caches must be [>=B, n_kv_heads, >pos, head_dim] = [>=", B, ", ", nkv, ", >", pos, ", ",
               D, "], got k ", k_cache.sizes(), " v ", v_cache.sizes());
-  TORCH_CHECK(k_cache.scalar_type() == x.scalar_type() && v_cache.scalar_type() == x.scalar_type() &&
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type() &&
+                  (k_cache.scalar_type() == x.scalar_type() || k_cache.scalar_type() == at::kHalf) &&
                   k_cache.stride(3) == 1 && v_cache.stride(3) == 1,
-              "decode_layer: caches must have x's dtype and a contiguous last dim");
+              "decode_layer: caches must both have x's dtype or both float16, with a contiguous last dim; got x ",
+              x.scalar_type(), ", k ", k_cache.scalar_type(), ", v ", v_cache.scalar_type());
+  const bool half_cache = k_cache.scalar_type() == at::kHalf && x.scalar_type() != at::kHalf;
   TORCH_CHECK(nkv > 0 && nq % nkv == 0, "decode_layer: n_heads ", nq, " must be a multiple of n_kv_heads ", nkv);
   const at::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
 
@@ -177,7 +185,8 @@ at::Tensor decode_layer(const at::Tensor& x_in, const at::Tensor& attn_norm_weig
               " features, expected (n_heads + 2 n_kv_heads) * head_dim = ", (nq + 2 * nkv) * D);
   at::Tensor q = at::empty({B, nq, D}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "decode_layer_rope", [&] {
-    rope_and_store<scalar_t>(qkv, cos, sin, q, k_cache, v_cache, pos, nq, nkv);
+    if (half_cache) rope_and_store<scalar_t, c10::Half>(qkv, cos, sin, q, k_cache, v_cache, pos, nq, nkv);
+    else rope_and_store<scalar_t, scalar_t>(qkv, cos, sin, q, k_cache, v_cache, pos, nq, nkv);
   });
   const at::Tensor attn = decode_attention(q, k_cache.narrow(0, 0, B).narrow(2, 0, pos + 1),
                                            v_cache.narrow(0, 0, B).narrow(2, 0, pos + 1), mask);

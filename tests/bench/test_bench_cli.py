@@ -54,8 +54,9 @@ def test_decode_ratios_pair_engines_by_bit_width_and_batch():
 
 
 def test_model_bench_alternates_engines_and_writes_records(tmp_path, tiny_llama_dir):
-    """compress and transformers on a tiny model, two rounds: one record per engine x
-    scheme x batch, medians of both rounds, bandwidth limits from the measured probe."""
+    """compress (exact and float16 KV cache) and transformers on a tiny model, two rounds:
+    one record per engine x scheme x KV cache x batch, medians of both rounds, bandwidth
+    limits from the measured probe."""
     out = tmp_path / "m.json"
     log = []
     a = _parser().parse_args(["bench", "model", str(tiny_llama_dir), "--hf", str(tiny_llama_dir),
@@ -67,10 +68,11 @@ def test_model_bench_alternates_engines_and_writes_records(tmp_path, tiny_llama_
     assert [line for line in log if line.startswith("# round")] == ["# round 1/2: every engine in turn",
                                                                     "# round 2/2: every engine in turn"]
     recs = result["records"]
-    assert [(r["engine"], r["batch"]) for r in recs] == [("compress", 1), ("compress", 2),
-                                                         ("transformers", 1), ("transformers", 2)]
+    assert [(r["engine"], r["kv_cache"], r["batch"]) for r in recs] == [
+        ("compress", "f32", 1), ("compress", "f32", 2), ("compress", "f16", 1), ("compress", "f16", 2),
+        ("transformers", "f32", 1), ("transformers", "f32", 2)]
     for r in recs:
         assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["weight_bytes_per_token"] > 0
         bw = result["bandwidth"]["best_gbps"]
         assert abs(r["bandwidth_limit_tok_s"] - bw * 1e9 / r["weight_bytes_per_token"] * r["batch"]) < 1e-6 * r["bandwidth_limit_tok_s"]
-    assert any(line.startswith("# decode, batch 2: compress") for line in log)
+    assert any(line.startswith("# decode, batch 2: compress") and "(kv f16)" in line for line in log)

@@ -261,13 +261,16 @@ def test_rms_norm_rejects_mismatched_weight():
 @pytest.mark.parametrize("heads", [(4, 4), (8, 2), (6, 1)], ids=lambda h: f"{h[0]}q{h[1]}kv")
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("d,s", [(32, 13), (64, 37), (20, 9)], ids=["d32s13", "d64s37", "d20s9"])
-def test_decode_attention_matches_reference(isa, dtype, heads, masked, d, s):
+@pytest.mark.parametrize("kv_half", [False, True], ids=["kv_same", "kv_f16"])
+def test_decode_attention_matches_reference(isa, dtype, heads, masked, d, s, kv_half):
     """fp32 with head_dim % 8 == 0 takes the AVX2 path (grouped heads, vector exp); the
-    other cases, and the forced scalar ISA, the generic one."""
+    other cases, and the forced scalar ISA, the generic one. A float16 cache under fp32 /
+    bf16 queries is widened as it is read (the reference widens the same values)."""
     hq, hkv = heads
     b, cap = 3, 40
+    kv_dtype = torch.float16 if kv_half else dtype
     # the runtime passes slices of a preallocated cache: strided along batch, heads and slots
-    k_cache, v_cache = torch.randn(4, hkv, cap, d).to(dtype), torch.randn(4, hkv, cap, d).to(dtype)
+    k_cache, v_cache = torch.randn(4, hkv, cap, d).to(kv_dtype), torch.randn(4, hkv, cap, d).to(kv_dtype)
     k, v = k_cache[:b, :, :s], v_cache[:b, :, :s]
     q = torch.randn(b, 1, hq, d).to(dtype).transpose(1, 2).squeeze(2)   # non-contiguous, as in the model
     mask = None
@@ -287,11 +290,17 @@ def test_decode_attention_rejects_bad_shapes():
         torch.ops.compress.decode_attention(q, k, k, None)
     with pytest.raises(RuntimeError, match="mask"):
         torch.ops.compress.decode_attention(torch.randn(2, 4, 16), k, k, torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(RuntimeError, match="k and v must both have q's dtype or both float16"):
+        torch.ops.compress.decode_attention(torch.randn(2, 4, 16), k.half(), k, None)
+    with pytest.raises(RuntimeError, match="k and v must both have q's dtype or both float16"):
+        torch.ops.compress.decode_attention(torch.randn(2, 4, 16), k.bfloat16(), k.bfloat16(), None)
 
 
-def decode_layer_case(scheme: str, dtype=torch.float32, b: int = 3, pos: int = 6, masked: bool = True):
+def decode_layer_case(scheme: str, dtype=torch.float32, b: int = 3, pos: int = 6, masked: bool = True,
+                      kv_dtype=None):
     """Arguments of compress::decode_layer for a small GQA layer (hidden 64, 4 q heads,
-    2 kv heads of 16, intermediate 96) whose four linears use ``scheme``; q/k/v and o biased."""
+    2 kv heads of 16, intermediate 96) whose four linears use ``scheme``; q/k/v and o
+    biased; caches of ``kv_dtype`` (default: ``dtype``)."""
     hidden, nq, nkv, d, inter = 64, 4, 2, 16, 96
     shapes = [((nq + 2 * nkv) * d, hidden), (hidden, nq * d), (2 * inter, hidden), (hidden, inter)]
     weights = []
@@ -311,7 +320,7 @@ def decode_layer_case(scheme: str, dtype=torch.float32, b: int = 3, pos: int = 6
     if masked:
         mask = torch.rand(b, pos + 1) > 0.3
         mask[:, pos] = True
-    caches = [torch.randn(b + 1, nkv, pos + 4, d).to(dtype) for _ in range(2)]
+    caches = [torch.randn(b + 1, nkv, pos + 4, d).to(kv_dtype or dtype) for _ in range(2)]
     args = (torch.randn(b, hidden).to(dtype), (torch.rand(hidden) + 0.5).to(dtype), (torch.rand(hidden) + 0.5).to(dtype),
             1e-5, [scheme] * 4, [32] * 4, weights, biases, torch.randn(b, d).to(dtype), torch.randn(b, d).to(dtype),
             *caches, pos, mask, nq, nkv)
@@ -321,8 +330,9 @@ def decode_layer_case(scheme: str, dtype=torch.float32, b: int = 3, pos: int = 6
 @pytest.mark.parametrize("scheme", ["w4a16_prepared", "w8a8_prepared", "llm_int8_prepared", "dense"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("masked", [False, True])
-def test_decode_layer_matches_reference(isa, scheme, dtype, masked):
-    args = decode_layer_case(scheme, dtype, masked=masked)
+@pytest.mark.parametrize("kv_half", [False, True], ids=["kv_same", "kv_f16"])
+def test_decode_layer_matches_reference(isa, scheme, dtype, masked, kv_half):
+    args = decode_layer_case(scheme, dtype, masked=masked, kv_dtype=torch.float16 if kv_half else None)
     ref_args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
     got = torch.ops.compress.decode_layer(*args)
     want = reference.decode_layer(*ref_args)
@@ -332,6 +342,7 @@ def test_decode_layer_matches_reference(isa, scheme, dtype, masked):
     assert got.shape == want.shape and got.dtype == dtype
     assert sqnr_db(want, got) > (floor if dtype == torch.float32 else min(floor, 30))
     pos, (k_got, v_got), (k_want, v_want) = args[12], args[10:12], ref_args[10:12]
+    assert k_got.dtype == (torch.float16 if kv_half else dtype)
     for got_cache, want_cache in ((k_got, k_want), (v_got, v_want)):
         torch.testing.assert_close(got_cache[:, :, :pos], want_cache[:, :, :pos], atol=0, rtol=0)  # untouched
         torch.testing.assert_close(got_cache[:, :, pos + 1:], want_cache[:, :, pos + 1:], atol=0, rtol=0)

@@ -31,10 +31,10 @@ def checkpoint(family: str, scheme: str, vocab: int, **overrides):
     return ckpt
 
 
-def step_logits(model, prompts: list[list[int]], steps: int, fused: bool) -> list[torch.Tensor]:
+def step_logits(model, prompts: list[list[int]], steps: int, fused: bool, kv_dtype=None) -> list[torch.Tensor]:
     """Logits of the prefill and of ``steps`` decode steps that feed fixed tokens."""
     model.fused_decode = fused
-    runner = ModelRunner(model)
+    runner = ModelRunner(model, kv_dtype)
     out = [runner.prefill(prompts, max(len(p) for p in prompts) + steps)]
     for i in range(steps):
         out.append(runner.decode(torch.tensor([(7 * i + 3 * r) % 50 + 2 for r in range(len(prompts))])))
@@ -61,6 +61,21 @@ def test_fused_decode_in_bfloat16(tokenizer):
     want = step_logits(model, [[5, 9, 13, 21]], 6, fused=False)
     for g, w in zip(got, want):  # elementwise steps round where the module path rounds
         torch.testing.assert_close(g, w, atol=0.05, rtol=0.02)
+
+
+@pytest.mark.parametrize("scheme", ["w4a16", "w8a8"])
+def test_float16_kv_cache(tokenizer, scheme):
+    """A float16 KV cache: the fused op and the module path store and read the same
+    rounded keys and values (same logits), and the rounding moves the logits only a little
+    from the fp32 cache's."""
+    model = build_model(checkpoint("llama", scheme, len(tokenizer)))
+    prompts = [[5, 9, 13, 21, 8, 40, 3], [11, 4, 7]]
+    got = step_logits(model, prompts, 9, fused=True, kv_dtype=torch.float16)
+    want = step_logits(model, prompts, 9, fused=False, kv_dtype=torch.float16)
+    exact = step_logits(model, prompts, 9, fused=True)
+    for step, (g, w, e) in enumerate(zip(got, want, exact)):
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4, msg=lambda m: f"step {step}: {m}")
+        assert 0 < (g - e).abs().max() < 0.05 * e.abs().max()
 
 
 def test_layers_the_op_cannot_take_keep_the_module_path(tokenizer):

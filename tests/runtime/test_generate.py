@@ -121,6 +121,19 @@ def test_bad_arguments(llama_dir, llm):
         LLM(llama_dir, dtype="int3")
     with pytest.raises(ValueError, match="SamplingParams"):
         llm.generate(PROMPTS[:2], [GREEDY])
+    with pytest.raises(ValueError, match="kv_cache_dtype must be the model dtype"):
+        LLM(llama_dir, kv_cache_dtype="bfloat16")
+
+
+def test_float16_kv_cache_generation(llama_dir, llm):
+    """LLM(kv_cache_dtype="float16") keeps a half-size cache; its greedy text starts as the
+    exact cache's does (the rounding of keys and values is small) and batching is unchanged."""
+    half = LLM(llama_dir, kv_cache_dtype="float16")
+    outs = half.generate(PROMPTS[:2], GREEDY)
+    assert half.runner.cache.k.dtype == torch.float16 and llm.runner.kv_dtype == torch.float32
+    for prompt, out in zip(PROMPTS[:2], outs):
+        assert out.token_ids == half.generate(prompt, GREEDY)[0].token_ids
+        assert out.token_ids[:4] == llm.generate(prompt, GREEDY)[0].token_ids[:4]
 
 
 def test_sliding_window_decode_matches_recompute(tmp_path, tokenizer):

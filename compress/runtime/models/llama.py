@@ -82,6 +82,8 @@ class Attention(nn.Module):
         if t == 1 and not is_causal:  # decode step: one query per row
             y = get_op("decode_attention", self.backend)(q.squeeze(2), k, v, key_mask(mask))
             return self.o_proj(y.view(b, 1, -1))
+        if k.dtype != q.dtype:  # a float16 KV cache (LLM(kv_cache_dtype="float16"))
+            k, v = k.to(q.dtype), v.to(q.dtype)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                            enable_gqa=self.n_heads != self.n_kv_heads)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
