@@ -87,10 +87,13 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
 // is read once per group, not once per head) with 8-wide FMAs over D (D % 8 == 0).
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
-// 8 K / V values widened to fp32.
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const c10::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+// A K / V row as fp32: an fp32 cache row is used in place; a float16 one is widened once
+// into `buf` (D % 8 == 0), so the q heads of the group read it without converting again.
+inline const float* widen_row(const float* p, int64_t, float*) { return p; }
+inline const float* widen_row(const c10::Half* p, int64_t D, float* buf) {
+  for (int64_t d = 0; d < D; d += 8)
+    _mm256_storeu_ps(buf + d, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + d))));
+  return buf;
 }
 
 // K and V rows of one kv head are short strided streams (D values each, a cache row of
@@ -111,7 +114,7 @@ void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const AttnArgs<float, TKV> a(q, k, v, out);
   const int64_t S = a.S, D = a.D, group = a.group;
   at::parallel_for(0, a.B * a.Hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(group * D), scores(group * S), acc(group * D);
+    std::vector<float> qf(group * D), scores(group * S), acc(group * D), row(D);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / a.Hkv, hk = item % a.Hkv;
       for (int64_t g = 0; g < group; ++g) {
@@ -125,17 +128,18 @@ void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
           for (int64_t g = 0; g < group; ++g) scores[g * S + s] = -std::numeric_limits<float>::infinity();
           continue;
         }
-        const TKV* krow = kbase + s * a.ks2;
-        prefetch_row(krow + kAttnPrefetchRows * a.ks2, D);
+        const TKV* ksrc = kbase + s * a.ks2;
+        prefetch_row(ksrc + kAttnPrefetchRows * a.ks2, D);
+        const float* krow = widen_row(ksrc, D, row.data());
         for (int64_t g = 0; g < group; ++g) {
           const float* qg = qf.data() + g * D;
           __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
           int64_t d = 0;
           for (; d + 16 <= D; d += 16) {
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), load8(krow + d), a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d + 8), load8(krow + d + 8), a1);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), _mm256_loadu_ps(krow + d), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d + 8), _mm256_loadu_ps(krow + d + 8), a1);
           }
-          if (d < D) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), load8(krow + d), a0);
+          if (d < D) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), _mm256_loadu_ps(krow + d), a0);
           scores[g * S + s] = hsum256_ps(_mm256_add_ps(a0, a1));
         }
       }
@@ -166,15 +170,16 @@ void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       std::fill(acc.begin(), acc.end(), 0.f);
       const TKV* vbase = a.v + b * a.vs0 + hk * a.vs1;
       for (int64_t s = 0; s < S; ++s) {
-        const TKV* vrow = vbase + s * a.vs2;
-        prefetch_row(vrow + kAttnPrefetchRows * a.vs2, D);
+        const TKV* vsrc = vbase + s * a.vs2;
+        prefetch_row(vsrc + kAttnPrefetchRows * a.vs2, D);
+        const float* vrow = widen_row(vsrc, D, row.data());
         for (int64_t g = 0; g < group; ++g) {
           const float p = scores[g * S + s];
           if (p == 0.f) continue;
           const __m256 pv = _mm256_set1_ps(p);
           float* ag = acc.data() + g * D;
           for (int64_t d = 0; d < D; d += 8)
-            _mm256_storeu_ps(ag + d, _mm256_fmadd_ps(pv, load8(vrow + d), _mm256_loadu_ps(ag + d)));
+            _mm256_storeu_ps(ag + d, _mm256_fmadd_ps(pv, _mm256_loadu_ps(vrow + d), _mm256_loadu_ps(ag + d)));
         }
       }
       for (int64_t g = 0; g < group; ++g)
