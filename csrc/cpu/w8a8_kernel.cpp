@@ -356,26 +356,29 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
   }
   if (M == 0 || N == 0) return at::zeros({M, N}, x.options());
   const int64_t Kp = ceil_div(std::max<int64_t>(K, 1), kPad) * kPad;
-  at::Tensor qx = at::empty({M, Kp}, x.options().dtype(at::kChar));
-  at::Tensor ax = at::empty({M, Kp}, x.options().dtype(at::kByte));
-  at::Tensor sx = at::empty({M}, x.options().dtype(at::kFloat));
-  at::Tensor xo = at::empty({M, C}, x.options().dtype(at::kFloat));
-  quantize_rows(x, C ? idx.data_ptr<int64_t>() : nullptr, C, Kp, qx.data_ptr<int8_t>(), ax.data_ptr<uint8_t>(),
-                sx.data_ptr<float>(), xo.data_ptr<float>());
+  // One workspace (a decode step makes ~100 of these calls): int8 activations and their
+  // |values| [M, Kp] each (Kp % 64 == 0), per-row scales [M], gathered outliers [M, C].
+  at::Tensor work = at::empty({2 * M * Kp + 4 * M * (1 + C)}, x.options().dtype(at::kByte));
+  int8_t* qx = reinterpret_cast<int8_t*>(work.data_ptr<uint8_t>());
+  uint8_t* ax = work.data_ptr<uint8_t>() + M * Kp;
+  float* sx = reinterpret_cast<float*>(work.data_ptr<uint8_t>() + 2 * M * Kp);
+  float* xo = sx + M;
+  quantize_rows(x, C ? idx.data_ptr<int64_t>() : nullptr, C, Kp, qx, ax, sx, xo);
   // With several rows, each outlier weight is used M times: convert them to fp32 once and
   // zero-pad C to a multiple of 8 so the epilogue is whole 8-wide FMAs. (M = 1 reads each
   // value once, so it converts in the epilogue instead of paying a copy.)
   int64_t Ce = C;
+  at::Tensor xo_padded;
   if (C && M > 1) {
     Ce = ceil_div(C, 8) * 8;
     ow = at::constant_pad_nd(ow.to(at::kFloat), {0, Ce - C}).contiguous();
-    xo = at::constant_pad_nd(xo, {0, Ce - C}).contiguous();
+    xo_padded = at::constant_pad_nd(at::from_blob(xo, {M, C}, x.options().dtype(at::kFloat)), {0, Ce - C}).contiguous();
+    xo = xo_padded.data_ptr<float>();
   }
   at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
   const int64_t N4 = tiled && K % kTileChunk == 0 ? N - N % kTileRows : 0;
   Args a{M, N, K, Kp, N4, qweight.data_ptr<int8_t>(), wscale.data_ptr(), scale_type_of(wscale),
-         qx.data_ptr<int8_t>(), ax.data_ptr<uint8_t>(), sx.data_ptr<float>(),
-         Ce, xo.data_ptr<float>(), C ? ow.data_ptr() : nullptr, C ? scale_type_of(ow) : ScaleType::F32,
+         qx, ax, sx, Ce, xo, C ? ow.data_ptr() : nullptr, C ? scale_type_of(ow) : ScaleType::F32,
          y.data_ptr<float>()};
   void (*kernel)(const Args&, int64_t, int64_t, int64_t, int64_t) = block_scalar;
   switch (active_isa()) {
