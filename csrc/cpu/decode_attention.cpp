@@ -83,19 +83,12 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
   });
 }
 
-// fp32 on AVX2 + FMA: the q heads that share a kv head are done together (each K / V row
-// is read once per group, not once per head) with 8-wide FMAs over D (D % 8 == 0).
+// fp32 on AVX2 + FMA (D % 8 == 0), per (row, kv head): the q heads that share the kv head
+// run back to back, so K and V come from DRAM once per group (the first head streams
+// them, the others find them in cache); q . k four keys at a time, p . V with the output
+// block in registers.
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
-// A K / V row as fp32: an fp32 cache row is used in place; a float16 one is widened once
-// into `buf` (D % 8 == 0), so the q heads of the group read it without converting again.
-inline const float* widen_row(const float* p, int64_t, float*) { return p; }
-inline const float* widen_row(const c10::Half* p, int64_t D, float* buf) {
-  for (int64_t d = 0; d < D; d += 8)
-    _mm256_storeu_ps(buf + d, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + d))));
-  return buf;
-}
-
 // K and V rows of one kv head are short strided streams (D values each, a cache row of
 // max_len * D per head): fetch the row kAttnPrefetchRows ahead, one prefetch per line.
 // Prefetching past the slice is harmless (the cache tensor goes on, and prefetches never fault).
@@ -108,43 +101,147 @@ inline void prefetch_row(const TKV* p, int64_t D) {
     _mm_prefetch(reinterpret_cast<const char*>(p + d), _MM_HINT_T0);
 }
 
+// A kv head's S rows as fp32 rows of stride `*stride`: an fp32 cache is used in place; a
+// float16 one is widened once into `buf` (then every q head of the group reads fp32).
+inline const float* rows_f32(const float* p, int64_t stride, int64_t, int64_t, std::vector<float>&,
+                             int64_t* out_stride) {
+  *out_stride = stride;
+  return p;
+}
+inline const float* rows_f32(const c10::Half* p, int64_t stride, int64_t S, int64_t D, std::vector<float>& buf,
+                             int64_t* out_stride) {
+  buf.resize(S * D);
+  for (int64_t s = 0; s < S; ++s) {
+    const c10::Half* row = p + s * stride;
+    prefetch_row(row + kAttnPrefetchRows * stride, D);
+    for (int64_t d = 0; d < D; d += 8)
+      _mm256_storeu_ps(buf.data() + s * D + d,
+                       _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d))));
+  }
+  *out_stride = D;
+  return buf.data();
+}
+
+// Scores of one or two q heads (TWO) against S key rows: four keys at a time, one
+// accumulator per (head, key) over D, reduced together with three hadds (a horizontal
+// sum per key cost more than the dot itself). Two heads per pass read each K row once
+// for both. `stream`: the rows come from DRAM (first pass of a group): prefetch ahead.
+inline __m128 reduce4(__m256 c0, __m256 c1, __m256 c2, __m256 c3) {
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(c0, c1), _mm256_hadd_ps(c2, c3));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+template <bool TWO>
+inline void qk_dots(const float* qa, const float* qb, const float* k, int64_t ks, int64_t S, int64_t D, bool stream,
+                    float* sa, float* sb) {
+  int64_t s = 0;
+  for (; s + 4 <= S; s += 4) {
+    const float* k0 = k + s * ks;
+    if (stream)
+      for (int r = 0; r < 4; ++r) prefetch_row(k0 + (kAttnPrefetchRows + r) * ks, D);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (int64_t d = 0; d < D; d += 8) {
+      const __m256 x0 = _mm256_loadu_ps(k0 + d), x1 = _mm256_loadu_ps(k0 + ks + d);
+      const __m256 x2 = _mm256_loadu_ps(k0 + 2 * ks + d), x3 = _mm256_loadu_ps(k0 + 3 * ks + d);
+      const __m256 qv = _mm256_loadu_ps(qa + d);
+      a0 = _mm256_fmadd_ps(qv, x0, a0), a1 = _mm256_fmadd_ps(qv, x1, a1);
+      a2 = _mm256_fmadd_ps(qv, x2, a2), a3 = _mm256_fmadd_ps(qv, x3, a3);
+      if constexpr (TWO) {
+        const __m256 qw = _mm256_loadu_ps(qb + d);
+        b0 = _mm256_fmadd_ps(qw, x0, b0), b1 = _mm256_fmadd_ps(qw, x1, b1);
+        b2 = _mm256_fmadd_ps(qw, x2, b2), b3 = _mm256_fmadd_ps(qw, x3, b3);
+      }
+    }
+    _mm_storeu_ps(sa + s, reduce4(a0, a1, a2, a3));
+    if constexpr (TWO) _mm_storeu_ps(sb + s, reduce4(b0, b1, b2, b3));
+  }
+  for (; s < S; ++s) {
+    __m256 ca = _mm256_setzero_ps(), cb = ca;
+    for (int64_t d = 0; d < D; d += 8) {
+      const __m256 x = _mm256_loadu_ps(k + s * ks + d);
+      ca = _mm256_fmadd_ps(_mm256_loadu_ps(qa + d), x, ca);
+      if constexpr (TWO) cb = _mm256_fmadd_ps(_mm256_loadu_ps(qb + d), x, cb);
+    }
+    sa[s] = hsum256_ps(ca);
+    if constexpr (TWO) sb[s] = hsum256_ps(cb);
+  }
+}
+
+// out[d0 .. d0 + 8 NV) = sum_s p[s] v[s][d0 ..] for one or two heads (TWO), with the
+// NV (x 2) accumulators in registers over all S rows; keys of weight 0 (masked) skipped.
+// `prefetch`: floats of each row to prefetch kAttnPrefetchRows ahead (the whole row on
+// the first block of a streaming pass, else 0).
+template <int NV, bool TWO>
+inline void pv_block(const float* pa, const float* pb, const float* v, int64_t vs, int64_t S, int64_t d0,
+                     int64_t prefetch, float* oa, float* ob) {
+  __m256 acc_a[NV], acc_b[NV];
+  for (int j = 0; j < NV; ++j) acc_a[j] = acc_b[j] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < S; ++s) {
+    const float* row = v + s * vs + d0;
+    if (prefetch) prefetch_row(v + (s + kAttnPrefetchRows) * vs, prefetch);
+    if (pa[s] == 0.f && (!TWO || pb[s] == 0.f)) continue;
+    const __m256 wa = _mm256_broadcast_ss(pa + s);
+    const __m256 wb = TWO ? _mm256_broadcast_ss(pb + s) : wa;
+    for (int j = 0; j < NV; ++j) {
+      const __m256 x = _mm256_loadu_ps(row + 8 * j);
+      acc_a[j] = _mm256_fmadd_ps(wa, x, acc_a[j]);
+      if constexpr (TWO) acc_b[j] = _mm256_fmadd_ps(wb, x, acc_b[j]);
+    }
+  }
+  for (int j = 0; j < NV; ++j) {
+    _mm256_storeu_ps(oa + d0 + 8 * j, acc_a[j]);
+    if constexpr (TWO) _mm256_storeu_ps(ob + d0 + 8 * j, acc_b[j]);
+  }
+}
+
+template <bool TWO>
+inline void pv_rows(const float* pa, const float* pb, const float* v, int64_t vs, int64_t S, int64_t D, bool stream,
+                    float* oa, float* ob) {
+  // blocks of 8 accumulators: 64 output floats for one head, 32 each for two; a block
+  // after the first reads V rows the first one brought into cache
+  constexpr int64_t kMax = TWO ? 4 : 8;
+  for (int64_t d0 = 0; d0 < D; d0 += 8 * kMax) {
+    const int64_t st = stream && d0 == 0 ? D : 0;
+    switch (std::min<int64_t>(kMax, (D - d0) / 8)) {
+      case 8: pv_block<8, TWO>(pa, pb, v, vs, S, d0, st, oa, ob); break;
+      case 7: pv_block<7, TWO>(pa, pb, v, vs, S, d0, st, oa, ob); break;
+      case 6: pv_block<6, TWO>(pa, pb, v, vs, S, d0, st, oa, ob); break;
+      case 5: pv_block<5, TWO>(pa, pb, v, vs, S, d0, st, oa, ob); break;
+      case 4: pv_block<4, TWO>(pa, pb, v, vs, S, d0, st, oa, ob); break;
+      case 3: pv_block<3, TWO>(pa, pb, v, vs, S, d0, st, oa, ob); break;
+      case 2: pv_block<2, TWO>(pa, pb, v, vs, S, d0, st, oa, ob); break;
+      default: pv_block<1, TWO>(pa, pb, v, vs, S, d0, st, oa, ob); break;
+    }
+  }
+}
+
 template <typename TKV>
 void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* mask,
                      int64_t mask_rows, at::Tensor& out) {
   const AttnArgs<float, TKV> a(q, k, v, out);
   const int64_t S = a.S, D = a.D, group = a.group;
   at::parallel_for(0, a.B * a.Hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(group * D), scores(group * S), acc(group * D), row(D);
+    std::vector<float> qf(group * D), scores(group * S), kbuf, vbuf;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / a.Hkv, hk = item % a.Hkv;
+      const bool* mrow = mask ? mask + (mask_rows == 1 ? 0 : b) * S : nullptr;
+      int64_t ks, vs;
+      const float* kb = rows_f32(a.k + b * a.ks0 + hk * a.ks1, a.ks2, S, D, kbuf, &ks);
+      const bool k_stream = kb != kbuf.data();
       for (int64_t g = 0; g < group; ++g) {
         const float* qrow = a.q + b * a.qs0 + (hk * group + g) * a.qs1;
         for (int64_t d = 0; d < D; ++d) qf[g * D + d] = qrow[d] * a.scale;
       }
-      const bool* mrow = mask ? mask + (mask_rows == 1 ? 0 : b) * S : nullptr;
-      const TKV* kbase = a.k + b * a.ks0 + hk * a.ks1;
-      for (int64_t s = 0; s < S; ++s) {
-        if (mrow && !mrow[s]) {
-          for (int64_t g = 0; g < group; ++g) scores[g * S + s] = -std::numeric_limits<float>::infinity();
-          continue;
-        }
-        const TKV* ksrc = kbase + s * a.ks2;
-        prefetch_row(ksrc + kAttnPrefetchRows * a.ks2, D);
-        const float* krow = widen_row(ksrc, D, row.data());
-        for (int64_t g = 0; g < group; ++g) {
-          const float* qg = qf.data() + g * D;
-          __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-          int64_t d = 0;
-          for (; d + 16 <= D; d += 16) {
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), _mm256_loadu_ps(krow + d), a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d + 8), _mm256_loadu_ps(krow + d + 8), a1);
-          }
-          if (d < D) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), _mm256_loadu_ps(krow + d), a0);
-          scores[g * S + s] = hsum256_ps(_mm256_add_ps(a0, a1));
-        }
-      }
-      for (int64_t g = 0; g < group; ++g) {  // softmax per head (masked keys give exp(-inf) = 0)
+      for (int64_t g = 0; g < group; g += 2) {  // heads in pairs: each pass reads K once for two
         float* sc = scores.data() + g * S;
+        if (g + 1 < group) qk_dots<true>(&qf[g * D], &qf[(g + 1) * D], kb, ks, S, D, k_stream && g == 0, sc, sc + S);
+        else qk_dots<false>(&qf[g * D], nullptr, kb, ks, S, D, k_stream && g == 0, sc, nullptr);
+      }
+      for (int64_t g = 0; g < group; ++g) {  // softmax per head (masked keys get weight 0)
+        float* sc = scores.data() + g * S;
+        if (mrow)
+          for (int64_t s = 0; s < S; ++s)
+            if (!mrow[s]) sc[s] = -std::numeric_limits<float>::infinity();
         float mx = -std::numeric_limits<float>::infinity();
         for (int64_t s = 0; s < S; ++s) mx = std::max(mx, sc[s]);
         if (std::isinf(mx)) {  // every key masked: no weights (out of contract, kept finite)
@@ -167,23 +264,14 @@ void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         const float inv = denom > 0.f ? 1.f / denom : 0.f;
         for (int64_t s = 0; s < S; ++s) sc[s] *= inv;
       }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      const TKV* vbase = a.v + b * a.vs0 + hk * a.vs1;
-      for (int64_t s = 0; s < S; ++s) {
-        const TKV* vsrc = vbase + s * a.vs2;
-        prefetch_row(vsrc + kAttnPrefetchRows * a.vs2, D);
-        const float* vrow = widen_row(vsrc, D, row.data());
-        for (int64_t g = 0; g < group; ++g) {
-          const float p = scores[g * S + s];
-          if (p == 0.f) continue;
-          const __m256 pv = _mm256_set1_ps(p);
-          float* ag = acc.data() + g * D;
-          for (int64_t d = 0; d < D; d += 8)
-            _mm256_storeu_ps(ag + d, _mm256_fmadd_ps(pv, _mm256_loadu_ps(vrow + d), _mm256_loadu_ps(ag + d)));
-        }
+      const float* vb = rows_f32(a.v + b * a.vs0 + hk * a.vs1, a.vs2, S, D, vbuf, &vs);
+      const bool v_stream = vb != vbuf.data();
+      float* orow = a.out + b * a.Hq * D + hk * group * D;
+      for (int64_t g = 0; g < group; g += 2) {
+        const float* p = scores.data() + g * S;
+        if (g + 1 < group) pv_rows<true>(p, p + S, vb, vs, S, D, v_stream && g == 0, orow + g * D, orow + (g + 1) * D);
+        else pv_rows<false>(p, nullptr, vb, vs, S, D, v_stream && g == 0, orow + g * D, nullptr);
       }
-      for (int64_t g = 0; g < group; ++g)
-        std::copy_n(acc.data() + g * D, D, a.out + b * a.Hq * D + (hk * group + g) * D);
     }
   });
 }
