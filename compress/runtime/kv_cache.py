@@ -16,6 +16,8 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.batch = batch
+        # per-layer views made once (indexing costs ~3.5 us a call, 2 per layer per step)
+        self._layers = [(self.k[i], self.v[i]) for i in range(n_layers)]
 
     @property
     def capacity(self) -> tuple[int, int]:
@@ -27,7 +29,7 @@ class KVCache:
         return batch <= rows and max_len <= slots and dtype == self.k.dtype
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.k[i], self.v[i]
+        return self._layers[i]
 
     def keep(self, rows: list[int], length: int) -> None:
         """Keep only batch rows ``rows`` (in that order) in the first ``len(rows)`` rows;
