@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/kernel_common.h"
@@ -227,7 +228,8 @@ void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       const bool* mrow = mask ? mask + (mask_rows == 1 ? 0 : b) * S : nullptr;
       int64_t ks, vs;
       const float* kb = rows_f32(a.k + b * a.ks0 + hk * a.ks1, a.ks2, S, D, kbuf, &ks);
-      const bool k_stream = kb != kbuf.data();
+      constexpr bool kInPlace = std::is_same_v<TKV, float>;  // else widened copies, already in cache
+      const bool k_stream = kInPlace;
       for (int64_t g = 0; g < group; ++g) {
         const float* qrow = a.q + b * a.qs0 + (hk * group + g) * a.qs1;
         for (int64_t d = 0; d < D; ++d) qf[g * D + d] = qrow[d] * a.scale;
@@ -265,7 +267,7 @@ void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         for (int64_t s = 0; s < S; ++s) sc[s] *= inv;
       }
       const float* vb = rows_f32(a.v + b * a.vs0 + hk * a.vs1, a.vs2, S, D, vbuf, &vs);
-      const bool v_stream = vb != vbuf.data();
+      const bool v_stream = kInPlace;
       float* orow = a.out + b * a.Hq * D + hk * group * D;
       for (int64_t g = 0; g < group; g += 2) {
         const float* p = scores.data() + g * S;

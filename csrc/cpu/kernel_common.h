@@ -14,6 +14,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 namespace compress_cpu {
@@ -58,6 +59,34 @@ __attribute__((target("avx2"))) inline float hsum256_ps(__m256 v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
+}
+
+// Sum of the 8 int32 lanes of an AVX register (AVX2 code only).
+__attribute__((target("avx2"))) inline int32_t hsum256_epi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// 4 x 8 int32 (each within int8 range) -> 32 int8 in order (signed saturating packs,
+// then undoing their per-128-bit-lane interleave). AVX2 code only.
+__attribute__((target("avx2"))) inline __m256i pack_32_epi8(__m256i a, __m256i b, __m256i c, __m256i d) {
+  const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+  return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// max |v[j]| over n floats (AVX2 code only).
+__attribute__((target("avx2"))) inline float absmax_avx2(const float* v, int64_t n) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 m = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + j)));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+  for (; j < n; ++j) amax = std::max(amax, std::fabs(v[j]));
+  return amax;
 }
 
 // e^x for x <= 0 (a softmax after subtracting the max; a sigmoid through e^-|x|):

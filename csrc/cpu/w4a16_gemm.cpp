@@ -80,20 +80,9 @@ inline float block_absmax(const float* v) {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 // Blocks 2c and 2c + 1 (one 64-value chunk) on AVX2: the even / odd split is done on the
-// floats (shuffle_ps + a 64-bit permute), then 4 x 8 int32 pack to 32 bytes in order.
+// floats (shuffle_ps + a 64-bit permute), then 4 x 8 int32 pack to 32 bytes in order
+// (pack_32_epi8).
 // v * inv and round-to-nearest-even are the scalar code's operations, so the bytes agree.
-inline __m256i pack_32_epi8(__m256i a, __m256i b, __m256i c, __m256i d) {
-  const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
-  return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
-inline int32_t hsum256_epi32_w4(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-  return _mm_cvtsi128_si32(s);
-}
-
 inline void quantize_chunk_avx2(const float* v, float inv_a, float inv_b, int8_t* q, int32_t* qsum_a,
                                 int32_t* qsum_b) {
   __m256i ev[4], od[4];
@@ -110,18 +99,10 @@ inline void quantize_chunk_avx2(const float* v, float inv_a, float inv_b, int8_t
   }
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), pack_32_epi8(ev[0], ev[1], ev[2], ev[3]));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32), pack_32_epi8(od[0], od[1], od[2], od[3]));
-  *qsum_a = hsum256_epi32_w4(_mm256_add_epi32(_mm256_add_epi32(ev[0], ev[1]), _mm256_add_epi32(od[0], od[1])));
-  *qsum_b = hsum256_epi32_w4(_mm256_add_epi32(_mm256_add_epi32(ev[2], ev[3]), _mm256_add_epi32(od[2], od[3])));
+  *qsum_a = hsum256_epi32(_mm256_add_epi32(_mm256_add_epi32(ev[0], ev[1]), _mm256_add_epi32(od[0], od[1])));
+  *qsum_b = hsum256_epi32(_mm256_add_epi32(_mm256_add_epi32(ev[2], ev[3]), _mm256_add_epi32(od[2], od[3])));
 }
 
-inline float block_absmax_avx2(const float* v) {
-  const __m256 sign = _mm256_set1_ps(-0.f);
-  __m256 m = _mm256_andnot_ps(sign, _mm256_loadu_ps(v));
-  for (int j = 8; j < kBlock; j += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + j)));
-  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-}
 #pragma GCC pop_options
 
 // One row: int8 blocks of 32 (symmetric, round half to even) at the permuted positions,
@@ -140,8 +121,8 @@ void quantize_row(const float* row, int64_t K, int64_t G, int64_t KC, bool avx2,
   if (avx2) {
     for (; b + 2 <= blocks; b += 2) {
       float inv_a, inv_b;
-      const float sa = scale_of(block_absmax_avx2(row + b * kBlock), &inv_a);
-      const float sb = scale_of(block_absmax_avx2(row + (b + 1) * kBlock), &inv_b);
+      const float sa = scale_of(absmax_avx2(row + b * kBlock, kBlock), &inv_a);
+      const float sb = scale_of(absmax_avx2(row + (b + 1) * kBlock, kBlock), &inv_b);
       int32_t qa, qb;
       quantize_chunk_avx2(row + b * kBlock, inv_a, inv_b, q + (b / 2) * kChunk, &qa, &qb);
       for (int l = 0; l < 4; ++l) lane[(b / 2) * 8 + l] = sa, lane[(b / 2) * 8 + 4 + l] = sb;

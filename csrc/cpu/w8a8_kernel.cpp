@@ -70,7 +70,6 @@ inline void quantize_span_scalar(const float* v, float s, int64_t n, int8_t* q, 
 #pragma GCC target("avx2,fma")
 inline int64_t quantize_span_avx2(const float* v, float s, int64_t n, int8_t* q, uint8_t* a) {
   const __m256 sv = _mm256_set1_ps(s), hi = _mm256_set1_ps(127.f), lo = _mm256_set1_ps(-127.f);
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   int64_t j = 0;
   for (; j + 32 <= n; j += 32) {
     __m256i r[4];
@@ -79,25 +78,13 @@ inline int64_t quantize_span_avx2(const float* v, float s, int64_t n, int8_t* q,
                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       r[i] = _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, x)));
     }
-    const __m256i b = _mm256_permutevar8x32_epi32(
-        _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3])), order);
+    const __m256i b = pack_32_epi8(r[0], r[1], r[2], r[3]);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + j), b);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + j), _mm256_abs_epi8(b));
   }
   return j;
 }
 
-inline float absmax_avx2(const float* v, int64_t n) {
-  const __m256 sign = _mm256_set1_ps(-0.f);
-  __m256 m = _mm256_setzero_ps();
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + j)));
-  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-  float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-  for (; j < n; ++j) amax = std::max(amax, std::fabs(v[j]));
-  return amax;
-}
 #pragma GCC pop_options
 
 // Per-token quantization, identical to reference.quantize_per_token_int8 (division,
@@ -157,12 +144,6 @@ inline void block_scalar(const Args& a, int64_t m0, int64_t m1, int64_t n0, int6
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 
-inline int32_t hsum256_epi32(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-  return _mm_cvtsi128_si32(s);
-}
 
 inline float outlier_dot_avx2(const Args& a, int64_t m, int64_t n) {
   const float* xo = a.xo + m * a.C;
