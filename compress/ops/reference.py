@@ -57,49 +57,57 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     return (x.to(torch.float32) @ w.t()).to(x.dtype)
 
 
-W4_CPU_TILE_ROWS = 4  # rows per tile of the CPU kernel's load-time weight layout
+# The CPU kernels' load-time row tiling (int4 and int8 alike): each group of
+# CPU_TILE_ROWS rows is stored with its chunks (of `chunk` elements of the stored tensor)
+# interleaved, so the rows an M = 1 tile reads are one sequential stream. Rows past the
+# last full tile, and all rows when a row is not a whole number of chunks, stay row-major.
+CPU_TILE_ROWS = 4
+W4_CPU_TILE_CHUNK = 8    # int32 words = 64 k of packed int4
+W8_CPU_TILE_CHUNK = 64   # int8 k
 
 
-def _w4_tiled_rows(qweight: torch.Tensor) -> int:
-    """How many leading rows :func:`w4a16_tile_cpu` interleaves: all but ``N % 4``, and
-    none unless K (= 8 * words per row) is a multiple of 64."""
-    n, words = qweight.shape
-    return n - n % W4_CPU_TILE_ROWS if words % 8 == 0 else 0
+def _tiled_rows(t: torch.Tensor, chunk: int) -> int:
+    n, k = t.shape
+    return n - n % CPU_TILE_ROWS if k % chunk == 0 else 0
+
+
+def _cpu_tile(t: torch.Tensor, chunk: int, untile: bool = False) -> torch.Tensor:
+    n4 = _tiled_rows(t, chunk)
+    if n4 == 0:
+        return t.contiguous()
+    k = t.shape[1]
+    dims = (n4 // CPU_TILE_ROWS, CPU_TILE_ROWS, k // chunk, chunk)
+    if untile:
+        dims = (dims[0], dims[2], dims[1], dims[3])
+    head = t[:n4].reshape(dims).permute(0, 2, 1, 3).reshape(n4, k)
+    return torch.cat([head, t[n4:]]).contiguous()
 
 
 def w4a16_tile_cpu(qweight: torch.Tensor) -> torch.Tensor:
-    """Load-time weight layout of the CPU kernel: the canonical int32 ``[N, K/8]`` with
-    each group of 4 rows stored chunk-interleaved (chunk = 8 words = 64 k): row r's
-    chunk c of a tile sits at words ``32 c + 8 r`` of that tile's ``4 * K/8`` words, so
-    the four rows an M = 1 tile reads are one sequential stream. Rows past the last full
-    tile (and all rows when K % 64 != 0) stay row-major. Same shape and dtype."""
-    n4 = _w4_tiled_rows(qweight)
-    if n4 == 0:
-        return qweight.contiguous()
-    words = qweight.shape[1]
-    head = qweight[:n4].reshape(n4 // W4_CPU_TILE_ROWS, W4_CPU_TILE_ROWS, words // 8, 8)
-    tiled = head.permute(0, 2, 1, 3).reshape(n4, words)
-    return torch.cat([tiled, qweight[n4:]]).contiguous()
+    """Load-time weight layout of the CPU int4 kernel: the canonical int32 ``[N, K/8]``
+    with each group of 4 rows chunk-interleaved (chunk = 8 words = 64 k): row r's chunk c
+    of a tile sits at words ``32 c + 8 r`` of that tile's ``4 * K/8`` words. Rows past the
+    last full tile (and all rows when K % 64 != 0) stay row-major. Same shape and dtype."""
+    return _cpu_tile(qweight, W4_CPU_TILE_CHUNK)
 
 
 def w4a16_untile_cpu(qweight_tiled: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`w4a16_tile_cpu`: back to the canonical ``[N, K/8]``."""
-    n4 = _w4_tiled_rows(qweight_tiled)
-    if n4 == 0:
-        return qweight_tiled.contiguous()
-    words = qweight_tiled.shape[1]
-    head = qweight_tiled[:n4].reshape(n4 // W4_CPU_TILE_ROWS, words // 8, W4_CPU_TILE_ROWS, 8)
-    rows = head.permute(0, 2, 1, 3).reshape(n4, words)
-    return torch.cat([rows, qweight_tiled[n4:]]).contiguous()
+    return _cpu_tile(qweight_tiled, W4_CPU_TILE_CHUNK, untile=True)
+
+
+def w4a16_prepare_cpu_scales(scales: torch.Tensor, zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CPU kernel's group metadata: fp32 scales and uint8 zero points, both
+    ``[N, K // group_size]`` (5 bytes per group; the checkpoint's own tensors when they
+    already have those dtypes), so ``w = u * scale - scale * zero``."""
+    return scales.to(torch.float32).contiguous(), zeros.to(torch.uint8).contiguous()
 
 
 def w4a16_prepare_cpu(qweight: torch.Tensor, scales: torch.Tensor,
                       zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Load-time form of an int4 linear for the CPU kernel (``w4a16_gemm_prepared``):
-    the row-tiled qweight (:func:`w4a16_tile_cpu`), fp32 scales and uint8 zero points,
-    both ``[N, K // group_size]`` (5 bytes per group), so ``w = u * scale - scale * zero``."""
-    return (w4a16_tile_cpu(qweight), scales.to(torch.float32).contiguous(),
-            zeros.to(torch.uint8).contiguous())
+    """Load-time form of an int4 linear for the CPU kernel (``w4a16_gemm_prepared``): the
+    row-tiled qweight (:func:`w4a16_tile_cpu`) and :func:`w4a16_prepare_cpu_scales`."""
+    return (w4a16_tile_cpu(qweight), *w4a16_prepare_cpu_scales(scales, zeros))
 
 
 def w4a16_gemm_prepared(x: torch.Tensor, qweight_tiled: torch.Tensor, scale: torch.Tensor,
@@ -145,37 +153,17 @@ def w8a8_outlier_gemm(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torc
     return y.to(x.dtype)
 
 
-W8_CPU_TILE_ROWS, W8_CPU_TILE_CHUNK = 4, 64  # the CPU kernel's load-time int8 row tiling
-
-
-def _w8_tiled_rows(qweight: torch.Tensor) -> int:
-    n, k = qweight.shape
-    return n - n % W8_CPU_TILE_ROWS if k % W8_CPU_TILE_CHUNK == 0 else 0
-
-
 def w8a8_tile_cpu(qweight: torch.Tensor) -> torch.Tensor:
     """Load-time int8 weight layout of the CPU kernel: canonical ``[N, K]`` with each group
-    of 4 rows stored chunk-interleaved (chunk = 64 k): row r's chunk c of a tile at bytes
-    ``256 c + 64 r`` of that tile's ``4 K``, so an M = 1 tile's four rows are one
-    sequential stream. Rows past the last full tile (and all rows when K % 64 != 0) stay
-    row-major. Same shape and dtype."""
-    n4 = _w8_tiled_rows(qweight)
-    if n4 == 0:
-        return qweight.contiguous()
-    k = qweight.shape[1]
-    head = qweight[:n4].reshape(n4 // W8_CPU_TILE_ROWS, W8_CPU_TILE_ROWS, k // W8_CPU_TILE_CHUNK, W8_CPU_TILE_CHUNK)
-    return torch.cat([head.permute(0, 2, 1, 3).reshape(n4, k), qweight[n4:]]).contiguous()
+    of 4 rows chunk-interleaved (chunk = 64 k): row r's chunk c of a tile at bytes
+    ``256 c + 64 r`` of that tile's ``4 K``. Rows past the last full tile (and all rows
+    when K % 64 != 0) stay row-major. Same shape and dtype."""
+    return _cpu_tile(qweight, W8_CPU_TILE_CHUNK)
 
 
 def w8a8_untile_cpu(qweight_tiled: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`w8a8_tile_cpu`."""
-    n4 = _w8_tiled_rows(qweight_tiled)
-    if n4 == 0:
-        return qweight_tiled.contiguous()
-    k = qweight_tiled.shape[1]
-    head = qweight_tiled[:n4].reshape(n4 // W8_CPU_TILE_ROWS, k // W8_CPU_TILE_CHUNK, W8_CPU_TILE_ROWS,
-                                      W8_CPU_TILE_CHUNK)
-    return torch.cat([head.permute(0, 2, 1, 3).reshape(n4, k), qweight_tiled[n4:]]).contiguous()
+    return _cpu_tile(qweight_tiled, W8_CPU_TILE_CHUNK, untile=True)
 
 
 def w8a8_gemm_prepared(x: torch.Tensor, qweight_tiled: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:

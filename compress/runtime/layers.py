@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from compress.ops import get_op, native_available
-from compress.ops.reference import (w4a16_prepare_cpu, w4a16_untile_cpu, w8a8_outlier_gemm_guarded, w8a8_tile_cpu,
-                                    w8a8_untile_cpu)
+from compress.ops.reference import (w4a16_prepare_cpu_scales, w4a16_tile_cpu, w4a16_untile_cpu,
+                                    w8a8_outlier_gemm_guarded, w8a8_tile_cpu, w8a8_untile_cpu)
 
 
 class DenseLinear(nn.Module):
@@ -68,10 +68,33 @@ class _OpLinear(nn.Module):
         return y.reshape(*shape[:-1], self.out_features)
 
 
-class Int4Linear(_OpLinear):
+class _CpuTiledWeight:
+    """Mixin: the CPU kernels' load-time row tiling of ``qweight`` (reference.w4a16_tile_cpu
+    / w8a8_tile_cpu), which replaces the canonical tensor (no second copy) while the layer
+    is prepared for the native CPU backend; preparing for another backend restores it."""
+
+    qweight_tiled = False
+    _tile = _untile = None  # the scheme's reference tiling functions (staticmethods)
+
+    def _retile(self, backend: str, allowed: bool = True) -> bool:
+        """Restore the canonical qweight, then tile it if the native CPU kernels will run
+        this layer (and ``allowed``); returns whether it is tiled now."""
+        if self.qweight_tiled:
+            self.qweight, self.qweight_tiled = self._untile(self.qweight), False
+        self.qweight = self.qweight.contiguous()
+        if allowed and backend == "native" and self.qweight.device.type == "cpu" and native_available("cpu"):
+            self.qweight, self.qweight_tiled = self._tile(self.qweight), True
+        return self.qweight_tiled
+
+    def canonical_qweight(self) -> torch.Tensor:
+        return self._untile(self.qweight) if self.qweight_tiled else self.qweight
+
+
+class Int4Linear(_CpuTiledWeight, _OpLinear):
     """W4A16: groupwise asymmetric int4 weights, float activations."""
     scheme = "w4a16"
     op_name = "w4a16_gemm"
+    _tile, _untile = staticmethod(w4a16_tile_cpu), staticmethod(w4a16_untile_cpu)
 
     def __init__(self, qweight, scales, zeros, group_size: int, in_features: int, bias=None):
         super().__init__(qweight.shape[0], in_features, bias)
@@ -81,23 +104,16 @@ class Int4Linear(_OpLinear):
         self.group_size = group_size
         self.cuda_layout = None
         self.cpu_scales = None
-        self.qweight_tiled = False  # qweight holds the CPU kernel's row tiling (prepare)
 
     def prepare(self, backend: str = "native") -> None:
-        # The CPU kernel wants the rows of qweight interleaved by tiles of 4 (one weight
-        # stream per tile, reference.w4a16_tile_cpu), fp32 scales and uint8 zeros, made
-        # once here rather than per call. The tiled qweight replaces the
-        # canonical one (no second copy); preparing for another backend restores it.
+        # The CPU kernel wants qweight row-tiled (_CpuTiledWeight) and fp32 scales with
+        # uint8 zeros, made once here rather than per call.
         super().prepare(backend)
-        if self.qweight_tiled:
-            self.qweight, self.qweight_tiled = w4a16_untile_cpu(self.qweight), False
-        self.qweight = self.qweight.contiguous()
         self.scales = self.scales.contiguous()
         self.zeros = self.zeros.to(torch.uint8).contiguous()
         self.cpu_scales = None
-        if backend == "native" and self.qweight.device.type == "cpu" and native_available("cpu"):
-            self.qweight, *scales = w4a16_prepare_cpu(self.qweight, self.scales, self.zeros)
-            self.cpu_scales, self.qweight_tiled = tuple(scales), True
+        if self._retile(backend):
+            self.cpu_scales = w4a16_prepare_cpu_scales(self.scales, self.zeros)
         # On CUDA the tensor-core kernel wants the weights in mma fragment order: shuffle
         # once at load time (kept beside the canonical tensors, never saved).
         self.cuda_layout = None
@@ -133,28 +149,11 @@ class Int4Linear(_OpLinear):
         return get_op(self.op_name, self.backend)(x2d, self.qweight, self.scales, self.zeros, self.group_size)
 
 
-class _Int8Tiled:
-    """Mixin: the CPU kernel's row tiling of an int8 ``qweight`` (reference.w8a8_tile_cpu),
-    made in ``prepare`` for the native CPU backend and replacing the canonical tensor (no
-    second copy); preparing for another backend restores the canonical one."""
-
-    qweight_tiled = False
-
-    def _tile_for(self, backend: str, allowed: bool = True) -> None:
-        if self.qweight_tiled:
-            self.qweight, self.qweight_tiled = w8a8_untile_cpu(self.qweight), False
-        self.qweight = self.qweight.contiguous()
-        if allowed and backend == "native" and self.qweight.device.type == "cpu" and native_available("cpu"):
-            self.qweight, self.qweight_tiled = w8a8_tile_cpu(self.qweight), True
-
-    def canonical_qweight(self) -> torch.Tensor:
-        return w8a8_untile_cpu(self.qweight) if self.qweight_tiled else self.qweight
-
-
-class Int8Linear(_Int8Tiled, _OpLinear):
+class Int8Linear(_CpuTiledWeight, _OpLinear):
     """W8A8: per-channel int8 weights, per-token dynamic int8 activations."""
     scheme = "w8a8"
     op_name = "w8a8_gemm"
+    _tile, _untile = staticmethod(w8a8_tile_cpu), staticmethod(w8a8_untile_cpu)
 
     def __init__(self, qweight, weight_scale, bias=None):
         super().__init__(qweight.shape[0], qweight.shape[1], bias)
@@ -163,7 +162,7 @@ class Int8Linear(_Int8Tiled, _OpLinear):
 
     def prepare(self, backend: str = "native") -> None:
         super().prepare(backend)
-        self._tile_for(backend)
+        self._retile(backend)
         self.weight_scale = self.weight_scale.contiguous()
 
     def decode_spec(self):
@@ -177,10 +176,11 @@ class Int8Linear(_Int8Tiled, _OpLinear):
         return get_op(self.op_name, self.backend)(x2d, self.qweight, self.weight_scale)
 
 
-class Int8OutlierLinear(_Int8Tiled, _OpLinear):
+class Int8OutlierLinear(_CpuTiledWeight, _OpLinear):
     """LLM.int8(): W8A8 plus outlier input columns kept in float (fused op)."""
     scheme = "llm_int8"
     op_name = "w8a8_outlier_gemm"
+    _tile, _untile = staticmethod(w8a8_tile_cpu), staticmethod(w8a8_untile_cpu)
 
     def __init__(self, qweight, weight_scale, outlier_idx, outlier_weight, bias=None,
                  threshold: float | None = None):
@@ -194,7 +194,7 @@ class Int8OutlierLinear(_Int8Tiled, _OpLinear):
     def prepare(self, backend: str = "native") -> None:
         super().prepare(backend)
         # the spike guard reads weight columns of the canonical layout: it keeps that one
-        self._tile_for(backend, allowed=self.threshold is None)
+        self._retile(backend, allowed=self.threshold is None)
         self.weight_scale = self.weight_scale.contiguous()
         self.outlier_idx = self.outlier_idx.to(torch.long).contiguous()
         self.outlier_weight = self.outlier_weight.contiguous()
@@ -243,8 +243,7 @@ def fuse_linears(layers: list[nn.Module]) -> nn.Module | None:
     if isinstance(first, Int4Linear):
         if len({layer.group_size for layer in layers}) > 1 or len({layer.scales.dtype for layer in layers}) > 1:
             return None
-        canonical = [w4a16_untile_cpu(layer.qweight) if layer.qweight_tiled else layer.qweight for layer in layers]
-        return Int4Linear(torch.cat(canonical), cat("scales"), torch.cat([layer.zeros.to(torch.uint8) for layer in layers]),
+        return Int4Linear(torch.cat([layer.canonical_qweight() for layer in layers]), cat("scales"), torch.cat([layer.zeros.to(torch.uint8) for layer in layers]),
                           first.group_size, first.in_features, bias)
     if isinstance(first, Int8OutlierLinear):
         same_cols = all(torch.equal(layer.outlier_idx.to(torch.long), first.outlier_idx.to(torch.long))
