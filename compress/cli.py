@@ -27,6 +27,7 @@ def _cmd_run(args) -> int:
 
 def _cmd_eval(args) -> int:
     from evals.evaluate import EvalConfig, KLConfig, PerplexityConfig, SpeedConfig, evaluate_checkpoint
+    from compress.io.files import atomic_write_text
     from evals.report import render_markdown
 
     ppl = PerplexityConfig(seq_len=args.seq_len, stride=args.seq_len // 2)
@@ -43,7 +44,7 @@ def _cmd_eval(args) -> int:
     records.append(evaluate_checkpoint(args.path, cfg, cache if args.base else None))
     print(render_markdown(records, title=f"compress eval: {args.path}"))
     if args.json:
-        Path(args.json).write_text(json.dumps(records if args.base else records[0], indent=2, default=str))
+        atomic_write_text(args.json, json.dumps(records if args.base else records[0], indent=2, default=str))
     return 0
 
 

@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from compress.calibration import load_calibration_ids  # noqa: E402
+from compress.io.files import atomic_write_text  # noqa: E402
 from compress.model_loading import load_model_for_compression  # noqa: E402
 from compress.ops import reference as ref  # noqa: E402
 from compress.state import CompressionState, StepContext  # noqa: E402
@@ -177,7 +178,7 @@ def main(argv=None):
         print(f"| {r['name']} | {r['perplexity']:.4f} | {100 * (r['perplexity'] / base - 1):+.3f}% "
               f"| {r['kl_to_base']:.2e} |")
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        atomic_write_text(args.json, json.dumps(rows, indent=2))
 
 
 if __name__ == "__main__":
