@@ -127,11 +127,6 @@ inline const float* rows_f32(const c10::Half* p, int64_t stride, int64_t S, int6
 // accumulator per (head, key) over D, reduced together with three hadds (a horizontal
 // sum per key cost more than the dot itself). Two heads per pass read each K row once
 // for both. `stream`: the rows come from DRAM (first pass of a group): prefetch ahead.
-inline __m128 reduce4(__m256 c0, __m256 c1, __m256 c2, __m256 c3) {
-  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(c0, c1), _mm256_hadd_ps(c2, c3));
-  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
-
 template <bool TWO>
 inline void qk_dots(const float* qa, const float* qb, const float* k, int64_t ks, int64_t S, int64_t D, bool stream,
                     float* sa, float* sb) {
@@ -153,8 +148,8 @@ inline void qk_dots(const float* qa, const float* qb, const float* k, int64_t ks
         b2 = _mm256_fmadd_ps(qw, x2, b2), b3 = _mm256_fmadd_ps(qw, x3, b3);
       }
     }
-    _mm_storeu_ps(sa + s, reduce4(a0, a1, a2, a3));
-    if constexpr (TWO) _mm_storeu_ps(sb + s, reduce4(b0, b1, b2, b3));
+    _mm_storeu_ps(sa + s, hsum4x256_ps(a0, a1, a2, a3));
+    if constexpr (TWO) _mm_storeu_ps(sb + s, hsum4x256_ps(b0, b1, b2, b3));
   }
   for (; s < S; ++s) {
     __m256 ca = _mm256_setzero_ps(), cb = ca;

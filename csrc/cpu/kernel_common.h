@@ -61,6 +61,13 @@ __attribute__((target("avx2"))) inline float hsum256_ps(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// The four sums of the 8 floats of c0..c3, as one 4-float vector (three hadds instead of
+// four horizontal sums; AVX2 code only).
+__attribute__((target("avx2"))) inline __m128 hsum4x256_ps(__m256 c0, __m256 c1, __m256 c2, __m256 c3) {
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(c0, c1), _mm256_hadd_ps(c2, c3));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
 // Sum of the 8 int32 lanes of an AVX register (AVX2 code only).
 __attribute__((target("avx2"))) inline int32_t hsum256_epi32(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
