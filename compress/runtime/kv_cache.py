@@ -3,18 +3,34 @@
 Allocated once and reused while a request batch fits; a decode step only writes one
 slot per layer. Rows of finished sequences are dropped by compacting the batch
 dimension in place (``keep``), so the live batch is always ``[:batch]``.
+
+On CPU the cache lives in 2 MiB pages (``hugepages.huge_page_buffer``): attention reads
+every layer's slices once per step, and anonymous memory starts zeroed and is only
+committed as slots are written.
 """
 from __future__ import annotations
 
+import math
+
 import torch
+
+from compress.runtime.hugepages import huge_page_buffer
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
+    if torch.device(device).type == "cpu":
+        buf = huge_page_buffer(math.prod(shape) * dtype.itemsize)
+        if buf is not None:
+            return buf.view(dtype).view(shape)
+    return torch.zeros(shape, dtype=dtype, device=device)
 
 
 class KVCache:
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype, device="cpu"):
         shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = _zeros(shape, dtype, device)
+        self.v = _zeros(shape, dtype, device)
         self.batch = batch
         # per-layer views made once (indexing costs ~3.5 us a call, 2 per layer per step)
         self._layers = [(self.k[i], self.v[i]) for i in range(n_layers)]

@@ -32,6 +32,11 @@ class DenseLinear(nn.Module):
         """``(scheme, group_size, tensors, bias)`` for ``compress::decode_layer``."""
         return "dense", 0, [self.weight], self.bias
 
+    def relocate(self, place) -> None:
+        """Passes the tensors a GEMM streams through ``place`` and keeps what it returns
+        (``hugepages.relocate_to_huge_pages``)."""
+        self.weight = nn.Parameter(place(self.weight.data), requires_grad=False)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return nn.functional.linear(x, self.weight.to(x.dtype),
                                     None if self.bias is None else self.bias.to(x.dtype))
@@ -53,6 +58,14 @@ class _OpLinear(nn.Module):
 
     def gemm(self, x2d: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    streamed = ()  # names of the tensors a GEMM call streams (the weights and their scales)
+
+    def relocate(self, place) -> None:
+        """Passes the tensors a GEMM streams through ``place`` and keeps what it returns
+        (``hugepages.relocate_to_huge_pages``)."""
+        for name in self.streamed:
+            setattr(self, name, place(getattr(self, name)))
 
     def decode_spec(self):
         """``(scheme, group_size, tensors, bias)`` naming this layer's weights the way
@@ -122,6 +135,20 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
             self.cuda_layout = torch.ops.compress.w4a16_shuffle_for_cuda(
                 self.qweight, self.scales, self.zeros, self.group_size)
 
+    def relocate(self, place) -> None:
+        self.qweight = place(self.qweight)
+        if self.cpu_scales is None:
+            self.scales, self.zeros = place(self.scales), place(self.zeros)
+            return
+        scale, zeros = self.cpu_scales
+        self.cpu_scales = (place(scale), place(zeros))
+        # w4a16_prepare_cpu_scales hands back the checkpoint's own tensors where their
+        # dtypes already fit: keep one copy
+        if scale is self.scales:
+            self.scales = self.cpu_scales[0]
+        if zeros is self.zeros:
+            self.zeros = self.cpu_scales[1]
+
     def read_bytes(self) -> int:
         """Bytes one call reads for its weights (the packed ints plus the scales the
         kernel on this device uses)."""
@@ -154,6 +181,7 @@ class Int8Linear(_CpuTiledWeight, _OpLinear):
     scheme = "w8a8"
     op_name = "w8a8_gemm"
     _tile, _untile = staticmethod(w8a8_tile_cpu), staticmethod(w8a8_untile_cpu)
+    streamed = ("qweight", "weight_scale")
 
     def __init__(self, qweight, weight_scale, bias=None):
         super().__init__(qweight.shape[0], qweight.shape[1], bias)
@@ -181,6 +209,7 @@ class Int8OutlierLinear(_CpuTiledWeight, _OpLinear):
     scheme = "llm_int8"
     op_name = "w8a8_outlier_gemm"
     _tile, _untile = staticmethod(w8a8_tile_cpu), staticmethod(w8a8_untile_cpu)
+    streamed = ("qweight", "weight_scale", "outlier_weight")
 
     def __init__(self, qweight, weight_scale, outlier_idx, outlier_weight, bias=None,
                  threshold: float | None = None):

@@ -18,6 +18,7 @@ from torch import nn
 from compress.architectures import ArchSpec, get_arch
 from compress.ops import get_op, native_available
 from compress.ops.reference import apply_rope
+from compress.runtime.hugepages import relocate_to_huge_pages
 from compress.runtime.layers import LAYER_CLASSES, LINEAR_TYPES, fuse_linears
 from compress.runtime.models.rope import inverse_frequencies, rope_tables
 
@@ -293,9 +294,11 @@ class _Tensors:
 
 
 def build_model(ckpt, dtype: torch.dtype = torch.float32, device="cpu", kernels: str = "native",
-                max_seq_len: int | None = None, fuse: bool = True) -> LlamaFamilyModel:
+                max_seq_len: int | None = None, fuse: bool = True, huge_pages: bool = True) -> LlamaFamilyModel:
     """Our decoder for a checkpoint (``config``, ``dense``, ``quantized``). ``fuse``: q/k/v
-    and gate/up run as one linear each where their schemes allow it."""
+    and gate/up run as one linear each where their schemes allow it. ``huge_pages``: on
+    the native CPU kernels, the prepared weights move into 2 MiB pages, in the order a
+    decode step reads them (``runtime/hugepages.py``)."""
     config = ckpt.config
     arch = get_arch(getattr(config, "model_type", None), where="config.json")
     act = getattr(config, "hidden_act", "silu")
@@ -332,6 +335,8 @@ def build_model(ckpt, dtype: torch.dtype = torch.float32, device="cpu", kernels:
     for module in model.modules():
         if isinstance(module, (*LINEAR_TYPES, RMSNorm, Attention)):
             module.prepare(kernels)
+    if kernels == "native" and model.device.type == "cpu" and native_available("cpu") and huge_pages:
+        relocate_to_huge_pages(m for m in model.modules() if isinstance(m, LINEAR_TYPES))
     for layer in layers:
         layer.prepare_decode(kernels)
     model.fused_decode = all(layer.decode_args is not None for layer in layers)

@@ -1,0 +1,79 @@
+"""Prepared weights in 2 MiB pages.
+
+At batch 1 a decode step streams every weight of the model once from DRAM. In 4 KiB
+pages that is one TLB miss (a page walk) per 4 KiB and a restart of the hardware
+prefetcher at every page boundary: ~45,000 pages per token for a 185 MB model. Linux
+backs anonymous memory with 2 MiB pages where the process asks for them
+(``madvise(MADV_HUGEPAGE)``, which works under the default ``transparent_hugepage=madvise``),
+so after ``prepare()`` the runtime copies the tensors its kernels stream (packed weights,
+their scales) into one such region, in the order a decode step reads them.
+
+Where the platform has no ``MADV_HUGEPAGE`` (not Linux) nothing moves. The region is
+anonymous memory: pages are only committed as the copies touch them, and it is unmapped
+when the last tensor viewing it is freed.
+"""
+from __future__ import annotations
+
+import mmap
+from typing import Callable, Iterable
+
+import torch
+
+HUGE_PAGE = 2 << 20
+_ALIGN = 64  # each tensor starts on a cache line
+
+
+def _aligned(n: int, to: int = _ALIGN) -> int:
+    return (n + to - 1) // to * to
+
+
+def huge_page_buffer(nbytes: int) -> torch.Tensor | None:
+    """A uint8 tensor of ``nbytes`` starting on a 2 MiB boundary, in anonymous memory
+    advised for 2 MiB pages; ``None`` where the platform cannot advise that."""
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is None or nbytes <= 0:
+        return None
+    region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        region.madvise(advice)
+    except OSError:  # kernel without transparent huge pages
+        region.close()
+        return None
+    whole = torch.frombuffer(region, dtype=torch.uint8)  # the views keep `region` mapped
+    start = (-whole.data_ptr()) % HUGE_PAGE
+    return whole[start:start + nbytes]
+
+
+def relocate_to_huge_pages(modules: Iterable) -> int:
+    """Copies the streamed tensors of ``modules`` (each has ``relocate(place)``, which
+    passes every such tensor through ``place`` and keeps what it returns) into one 2 MiB
+    page region, in module order. Returns the bytes moved (0 when nothing moved)."""
+    modules = list(modules)
+    sizes: list[int] = []
+
+    def measure(t: torch.Tensor) -> torch.Tensor:
+        sizes.append(_aligned(t.numel() * t.element_size()))
+        return t
+
+    for module in modules:
+        module.relocate(measure)
+    total = sum(sizes)
+    buf = huge_page_buffer(total) if total else None
+    if buf is None:
+        return 0
+    offset = 0
+
+    def place(t: torch.Tensor) -> torch.Tensor:
+        nonlocal offset
+        n = t.numel() * t.element_size()
+        view = buf[offset:offset + n].view(t.dtype).view(t.shape)
+        view.copy_(t)
+        offset += _aligned(n)
+        return view
+
+    for module in modules:
+        module.relocate(place)
+    return total
+
+
+Place = Callable[[torch.Tensor], torch.Tensor]

@@ -1,0 +1,136 @@
+"""Prepared weights and the KV cache in 2 MiB pages (``compress/runtime/hugepages.py``):
+the region is advised for huge pages, relocation keeps every value, layout and output,
+and where the platform cannot advise it nothing moves."""
+from __future__ import annotations
+
+import mmap
+
+import pytest
+import torch
+
+from compress.ops import native_available
+from compress.runtime import hugepages
+from compress.runtime.hugepages import HUGE_PAGE, huge_page_buffer, relocate_to_huge_pages
+from compress.runtime.kv_cache import KVCache
+from compress.runtime.layers import LINEAR_TYPES, DenseLinear, Int4Linear, Int8Linear, Int8OutlierLinear
+from compress.runtime.model_runner import ModelRunner
+from compress.runtime.models.llama import build_model
+
+from test_decode_layer import checkpoint
+
+linux_only = pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"),
+                                reason="needs madvise(MADV_HUGEPAGE) and /proc/self/smaps (Linux)")
+
+
+def advised_for_huge_pages(t: torch.Tensor) -> bool:
+    """Whether ``t``'s first byte lies in a mapping with the ``hg`` (MADV_HUGEPAGE) flag."""
+    addr = t.data_ptr()
+    lines = open("/proc/self/smaps").read().splitlines()
+    for i, line in enumerate(lines):
+        head = line.split(" ", 1)[0]
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            lo, hi = (int(v, 16) for v in head.split("-"))
+            if lo <= addr < hi:
+                flags = next(x for x in lines[i + 1:] if x.startswith("VmFlags:"))
+                return " hg" in flags
+    raise AssertionError(f"address {addr:#x} is in no mapping")
+
+
+@linux_only
+def test_buffer_is_aligned_zeroed_and_advised():
+    buf = huge_page_buffer(3 * HUGE_PAGE + 123)
+    assert buf.dtype == torch.uint8 and buf.numel() == 3 * HUGE_PAGE + 123
+    assert buf.data_ptr() % HUGE_PAGE == 0
+    assert int(buf.count_nonzero()) == 0
+    buf[-5:] = 7
+    assert buf[-5:].tolist() == [7] * 5
+    assert advised_for_huge_pages(buf)
+
+
+def test_no_madvise_means_no_buffer(monkeypatch):
+    monkeypatch.delattr(mmap, "MADV_HUGEPAGE", raising=False)
+    assert huge_page_buffer(HUGE_PAGE) is None
+
+
+def _linears():
+    g = torch.Generator().manual_seed(0)
+    n, k = 48, 256
+    w4 = Int4Linear(torch.randint(-2**31, 2**31 - 1, (n, k // 8), dtype=torch.int32, generator=g),
+                    torch.rand(n, k // 64, generator=g) * 0.1, torch.randint(0, 16, (n, k // 64), generator=g).to(torch.uint8),
+                    64, k)
+    w8 = Int8Linear(torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g), torch.rand(n, generator=g) * 0.01)
+    out = Int8OutlierLinear(torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g),
+                            torch.rand(n, generator=g) * 0.01, torch.tensor([3, 100]), torch.randn(n, 2, generator=g))
+    dense = DenseLinear(torch.randn(n, k, generator=g))
+    for layer in (w4, w8, out, dense):
+        layer.prepare("native")
+    return [w4, w8, out, dense]
+
+
+def _streamed(layer) -> list[torch.Tensor]:
+    seen = []
+    layer.relocate(lambda t: seen.append(t) or t)
+    return seen
+
+
+@linux_only
+def test_relocation_keeps_values_and_outputs_and_packs_in_order():
+    layers = _linears()
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(1))
+    before = [layer(x) for layer in layers]
+    values = [[t.clone() for t in _streamed(layer)] for layer in layers]
+    moved = relocate_to_huge_pages(layers)
+    assert moved == sum(-(-t.numel() * t.element_size() // 64) * 64 for v in values for t in v)
+    after = [_streamed(layer) for layer in layers]
+    ptrs = [t.data_ptr() for tensors in after for t in tensors]
+    assert ptrs == sorted(ptrs) and ptrs[0] % HUGE_PAGE == 0 and all(p % 64 == 0 for p in ptrs)
+    assert ptrs[-1] - ptrs[0] < moved  # one region
+    for old, new in zip(values, after):
+        for a, b in zip(old, new):
+            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    assert all(advised_for_huge_pages(t) for tensors in after for t in tensors)
+    # the int4 layer's scales are the checkpoint's own fp32 tensor: one copy, not two
+    assert layers[0].scales.data_ptr() == layers[0].cpu_scales[0].data_ptr()
+    for layer, y in zip(layers, before):
+        assert torch.equal(layer(x), y)
+
+
+def test_relocation_without_huge_pages_moves_nothing(monkeypatch):
+    monkeypatch.setattr(hugepages, "huge_page_buffer", lambda n: None)
+    layers = _linears()
+    ptrs = [t.data_ptr() for layer in layers for t in _streamed(layer)]
+    assert relocate_to_huge_pages(layers) == 0
+    assert [t.data_ptr() for layer in layers for t in _streamed(layer)] == ptrs
+
+
+@pytest.mark.skipif(not native_available("cpu"), reason="native CPU kernels not built")
+@linux_only
+@pytest.mark.parametrize("scheme", ["w4a16", "w8a8", "dense"])
+def test_model_in_huge_pages_decodes_the_same(tokenizer, scheme):
+    models = {hp: build_model(checkpoint("llama", scheme, len(tokenizer)), huge_pages=hp) for hp in (False, True)}
+    linears = [m for m in models[True].modules() if isinstance(m, LINEAR_TYPES)]
+    assert all(advised_for_huge_pages(t) for layer in linears for t in _streamed(layer))
+    plain = next(m for m in models[False].modules() if isinstance(m, LINEAR_TYPES))
+    assert not advised_for_huge_pages(_streamed(plain)[0])
+    prompt = [[5, 9, 13, 21, 8, 40, 3]]
+    logits = {}
+    for hp, model in models.items():
+        runner = ModelRunner(model)
+        out = [runner.prefill(prompt, 12)]
+        for i in range(4):
+            out.append(runner.decode(torch.tensor([(7 * i) % 50 + 2])))
+        logits[hp] = out
+    for a, b in zip(logits[False], logits[True]):
+        assert torch.equal(a, b)
+
+
+@linux_only
+def test_kv_cache_on_cpu_is_zeroed_huge_page_memory():
+    cache = KVCache(3, 2, 2, 40, 16, torch.float32)
+    assert cache.k.shape == (3, 2, 2, 40, 16) and cache.k.dtype == torch.float32
+    assert int(cache.k.count_nonzero()) == 0 and int(cache.v.count_nonzero()) == 0
+    assert advised_for_huge_pages(cache.k) and advised_for_huge_pages(cache.v)
+    cache.k[:, 1, :, :5] = 2.0
+    cache.keep([1], 5)
+    assert torch.equal(cache.layer(2)[0][0, :, :5], torch.full((2, 5, 16), 2.0))
+
