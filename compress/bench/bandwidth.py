@@ -10,7 +10,7 @@ import time
 import torch
 
 from compress import ops  # noqa: F401  (defines torch.ops.compress)
-from compress.runtime.hugepages import huge_page_buffer
+from compress.runtime.hugepages import huge_page_zeros
 
 GIB = 1 << 30
 
@@ -23,16 +23,16 @@ def _median(values: list[float]) -> float:
 def read_bandwidth(nbytes: int = GIB, reps: int = 7) -> dict:
     """Median and best GB/s (1e9 bytes/s) of reading ``nbytes`` with the intra-op pool."""
     nbytes = nbytes // 8 * 8
-    pages = huge_page_buffer(nbytes)
-    buf = torch.ones(nbytes // 8, dtype=torch.int64) if pages is None else pages.view(torch.int64).fill_(1)
+    buf = huge_page_zeros((nbytes // 8,), torch.int64)
+    huge_pages = buf is not None
+    buf = (torch.empty(nbytes // 8, dtype=torch.int64) if buf is None else buf).fill_(1)  # commit every page
     op = torch.ops.compress.stream_read_sum
-    pages_used = pages is not None
     op(buf)  # warm up
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         op(buf)
         times.append(time.perf_counter() - t0)
-    del buf, pages
-    return {"bytes": nbytes, "threads": torch.get_num_threads(), "huge_pages": pages_used,
+    del buf
+    return {"bytes": nbytes, "threads": torch.get_num_threads(), "huge_pages": huge_pages,
             "median_gbps": nbytes / _median(times) / 1e9, "best_gbps": nbytes / min(times) / 1e9}

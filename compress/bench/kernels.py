@@ -16,7 +16,7 @@ from compress.bench.bandwidth import read_bandwidth
 from compress.io.files import atomic_write_text
 from compress.ops import reference
 from compress.ops.reference import w4a16_prepare_cpu, w8a8_tile_cpu
-from compress.runtime.hugepages import huge_page_buffer
+from compress.runtime.hugepages import huge_page_copy
 
 # (N out, K in) from Llama-2-7B (4096x4096, 11008x4096, 4096x11008), Mistral/Llama-3
 # MLP (14336x4096) and a 2048-hidden model's MLP (2048x8192).
@@ -55,22 +55,11 @@ def _int4_weights(n: int, k: int, group: int):
     return u, reference.pack_int4(u), scales, zeros
 
 
-def _in_huge_pages(t: torch.Tensor) -> torch.Tensor:
-    """``t`` copied into 2 MiB pages (where the platform allows), as the runtime keeps its
-    prepared weights (runtime/hugepages.py); every implementation's weights get the same
-    placement, so the ratios compare kernels, not page sizes."""
-    buf = huge_page_buffer(t.numel() * t.element_size())
-    if buf is None:
-        return t
-    out = buf.view(t.dtype).view(t.shape)
-    out.copy_(t)
-    return out
-
-
 def build_cases(m: int, n: int, k: int, impls: set[str] | None) -> list[Case]:
     """Every implementation for one (M, N, K); weights built once per shape by the caller
     would save time, but per-shape build keeps memory bounded. Weights (not bitsandbytes',
-    which its layers own) live in 2 MiB pages where the platform allows."""
+    which its layers own) live in 2 MiB pages where the platform allows, as the runtime
+    keeps its prepared weights: the ratios compare kernels, not page sizes."""
     want = (lambda name: impls is None or name in impls)
     cases: list[Case] = []
     x32 = torch.randn(m, k)
@@ -85,9 +74,9 @@ def build_cases(m: int, n: int, k: int, impls: set[str] | None) -> list[Case]:
     ow = torch.randn(n, c, dtype=torch.float16) * 0.02
     # the runtime's entries: int4 row-tiled qweight, fp32 scales, uint8 zeros; int8
     # row-tiled qweight; made at load time, outside the timing
-    qtiled, scale32, zeros8 = (_in_huge_pages(t) for t in w4a16_prepare_cpu(qweight, scales, zeros))
+    qtiled, scale32, zeros8 = (huge_page_copy(t) for t in w4a16_prepare_cpu(qweight, scales, zeros))
     prepared_bytes = qtiled.numel() * 4 + scale32.numel() * 5
-    q8t = _in_huge_pages(w8a8_tile_cpu(q8))
+    q8t = huge_page_copy(w8a8_tile_cpu(q8))
     w4 = torch.ops.compress.w4a16_gemm_prepared
     w8 = torch.ops.compress.w8a8_gemm_prepared
     w8o = torch.ops.compress.w8a8_outlier_gemm_prepared
@@ -102,21 +91,21 @@ def build_cases(m: int, n: int, k: int, impls: set[str] | None) -> list[Case]:
                  int8_bytes + ow.numel() * 2),
         ]
     if want("torch"):
-        wf = _in_huge_pages(torch.randn(n, k) * 0.02)
-        wb = _in_huge_pages(wf.to(torch.bfloat16))
+        wf = huge_page_copy(torch.randn(n, k) * 0.02)
+        wb = huge_page_copy(wf.to(torch.bfloat16))
         cases += [
             Case("dense", "torch matmul fp32", lambda: x32 @ wf.t(), wf.numel() * 4),
             Case("dense", "torch matmul bf16", lambda: x16 @ wb.t(), wb.numel() * 2),
         ]
         s8b = s8.to(torch.bfloat16)
-        q8h = _in_huge_pages(q8)
+        q8h = huge_page_copy(q8)
         cases.append(Case("w8a8", "torch _weight_int8pack_mm bf16",
                           lambda: torch.ops.aten._weight_int8pack_mm(x16, q8h, s8b), int8_bytes))
-        packed = _in_huge_pages(torch.ops.aten._convert_weight_to_int4pack_for_cpu(u.to(torch.int32), 2))
+        packed = huge_page_copy(torch.ops.aten._convert_weight_to_int4pack_for_cpu(u.to(torch.int32), 2))
         # torch's convention: w = (q - 8) * scale + zero  ->  zero = (8 - z) * scale
         sf = scales.float().t()
         sz = torch.stack([sf, (8 - zeros.float().t()) * sf], -1)
-        sz16, sz32 = _in_huge_pages(sz.to(torch.bfloat16).contiguous()), _in_huge_pages(sz.contiguous())
+        sz16, sz32 = huge_page_copy(sz.to(torch.bfloat16).contiguous()), huge_page_copy(sz.contiguous())
         cases.append(Case("w4a16", "torch _weight_int4pack_mm bf16",
                           lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x16, packed, GROUP, sz16), int4_bytes))
         if m <= 4:  # its fp32-activation path is ~30x slower than bf16; seconds per call beyond

@@ -14,8 +14,9 @@ when the last tensor viewing it is freed.
 """
 from __future__ import annotations
 
+import math
 import mmap
-from typing import Callable, Iterable
+from typing import Iterable
 
 import torch
 
@@ -44,6 +45,27 @@ def huge_page_buffer(nbytes: int) -> torch.Tensor | None:
     return whole[start:start + nbytes]
 
 
+def _view(buf: torch.Tensor, offset: int, shape, dtype: torch.dtype) -> torch.Tensor:
+    """The bytes of ``buf`` from ``offset`` as a ``shape`` tensor of ``dtype``."""
+    n = math.prod(shape) * dtype.itemsize
+    return buf[offset:offset + n].view(dtype).view(shape)
+
+
+def huge_page_zeros(shape, dtype: torch.dtype) -> torch.Tensor | None:
+    """A zero-filled ``shape`` tensor of ``dtype`` in 2 MiB pages (anonymous memory starts
+    zeroed and is committed as it is written); ``None`` where the platform cannot advise
+    that."""
+    buf = huge_page_buffer(math.prod(shape) * dtype.itemsize)
+    return None if buf is None else _view(buf, 0, shape, dtype)
+
+
+def huge_page_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` in its own 2 MiB page region, or ``t`` itself where the platform
+    cannot advise that."""
+    out = huge_page_zeros(t.shape, t.dtype)
+    return t if out is None else out.copy_(t)
+
+
 def relocate_to_huge_pages(modules: Iterable) -> int:
     """Copies the streamed tensors of ``modules`` (each has ``relocate(place)``, which
     passes every such tensor through ``place`` and keeps what it returns) into one 2 MiB
@@ -65,15 +87,11 @@ def relocate_to_huge_pages(modules: Iterable) -> int:
 
     def place(t: torch.Tensor) -> torch.Tensor:
         nonlocal offset
-        n = t.numel() * t.element_size()
-        view = buf[offset:offset + n].view(t.dtype).view(t.shape)
-        view.copy_(t)
-        offset += _aligned(n)
+        view = _view(buf, offset, t.shape, t.dtype).copy_(t)
+        offset += _aligned(t.numel() * t.element_size())
         return view
 
     for module in modules:
         module.relocate(place)
     return total
 
-
-Place = Callable[[torch.Tensor], torch.Tensor]

@@ -4,25 +4,20 @@ Allocated once and reused while a request batch fits; a decode step only writes 
 slot per layer. Rows of finished sequences are dropped by compacting the batch
 dimension in place (``keep``), so the live batch is always ``[:batch]``.
 
-On CPU the cache lives in 2 MiB pages (``hugepages.huge_page_buffer``): attention reads
+On CPU the cache lives in 2 MiB pages (``hugepages.huge_page_zeros``): attention reads
 every layer's slices once per step, and anonymous memory starts zeroed and is only
 committed as slots are written.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
-from compress.runtime.hugepages import huge_page_buffer
+from compress.runtime.hugepages import huge_page_zeros
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
-    if torch.device(device).type == "cpu":
-        buf = huge_page_buffer(math.prod(shape) * dtype.itemsize)
-        if buf is not None:
-            return buf.view(dtype).view(shape)
-    return torch.zeros(shape, dtype=dtype, device=device)
+    t = huge_page_zeros(shape, dtype) if torch.device(device).type == "cpu" else None
+    return torch.zeros(shape, dtype=dtype, device=device) if t is None else t
 
 
 class KVCache:

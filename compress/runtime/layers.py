@@ -272,8 +272,9 @@ def fuse_linears(layers: list[nn.Module]) -> nn.Module | None:
     if isinstance(first, Int4Linear):
         if len({layer.group_size for layer in layers}) > 1 or len({layer.scales.dtype for layer in layers}) > 1:
             return None
-        return Int4Linear(torch.cat([layer.canonical_qweight() for layer in layers]), cat("scales"), torch.cat([layer.zeros.to(torch.uint8) for layer in layers]),
-                          first.group_size, first.in_features, bias)
+        qweight = torch.cat([layer.canonical_qweight() for layer in layers])
+        zeros = torch.cat([layer.zeros.to(torch.uint8) for layer in layers])
+        return Int4Linear(qweight, cat("scales"), zeros, first.group_size, first.in_features, bias)
     if isinstance(first, Int8OutlierLinear):
         same_cols = all(torch.equal(layer.outlier_idx.to(torch.long), first.outlier_idx.to(torch.long))
                         for layer in layers)

@@ -10,7 +10,7 @@ import torch
 
 from compress.ops import native_available
 from compress.runtime import hugepages
-from compress.runtime.hugepages import HUGE_PAGE, huge_page_buffer, relocate_to_huge_pages
+from compress.runtime.hugepages import HUGE_PAGE, huge_page_buffer, huge_page_copy, relocate_to_huge_pages
 from compress.runtime.kv_cache import KVCache
 from compress.runtime.layers import LINEAR_TYPES, DenseLinear, Int4Linear, Int8Linear, Int8OutlierLinear
 from compress.runtime.model_runner import ModelRunner
@@ -50,6 +50,16 @@ def test_buffer_is_aligned_zeroed_and_advised():
 def test_no_madvise_means_no_buffer(monkeypatch):
     monkeypatch.delattr(mmap, "MADV_HUGEPAGE", raising=False)
     assert huge_page_buffer(HUGE_PAGE) is None
+    t = torch.arange(6.0).view(2, 3).t()
+    assert huge_page_copy(t) is t
+
+
+@linux_only
+def test_copy_keeps_values_dtype_and_shape():
+    t = torch.arange(12, dtype=torch.int16).view(3, 4).t()  # not contiguous
+    c = huge_page_copy(t)
+    assert c.dtype == t.dtype and c.shape == t.shape and c.is_contiguous() and torch.equal(c, t)
+    assert c.data_ptr() % HUGE_PAGE == 0 and advised_for_huge_pages(c)
 
 
 def _linears():
