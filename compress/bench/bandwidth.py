@@ -1,8 +1,8 @@
 """DRAM read bandwidth of this machine, measured the way the kernels read weights:
 a vectorised, multi-threaded streaming read (``compress::stream_read_sum``) over a
 buffer far larger than the caches, in 2 MiB pages where the platform allows (as the
-runtime keeps its weights; on this kind of VM 4 KiB pages read ~20% slower). The figure
-is the physical limit for M = 1."""
+runtime keeps its weights; on this kind of VM 4 KiB pages read 2-24% slower depending
+on the sitting). The figure is the physical limit for M = 1."""
 from __future__ import annotations
 
 import time
