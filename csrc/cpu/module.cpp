@@ -23,11 +23,16 @@ static PyObject* py_set_cpu_isa(PyObject*, PyObject* arg) {
   return PyUnicode_FromString(compress_cpu::isa_name(compress_cpu::active_isa()));
 }
 
+PyObject* py_compute_peak(PyObject*, PyObject* args);  // compute_peak.cpp
+
 static PyMethodDef compress_c_methods[] = {
     {"cpu_isa", py_cpu_isa, METH_NOARGS, "ISA the CPU kernels use now (avx512_vnni, avx2 or scalar)."},
     {"cpu_isa_detected", py_cpu_isa_detected, METH_NOARGS, "Best ISA this CPU supports."},
     {"set_cpu_isa", py_set_cpu_isa, METH_O,
      "Caps the kernels' ISA (auto, avx512_vnni, avx2, scalar); returns the ISA now active."},
+    {"compute_peak", py_compute_peak, METH_VARARGS,
+     "compute_peak(recipe, iters): runs a register-only GEMM-step loop (fp32_fma, int8_avx2, int8_vnni) "
+     "iters times on every intra-op thread; returns the multiply-accumulates done."},
     {nullptr, nullptr, 0, nullptr}};
 
 static struct PyModuleDef compress_c_module = {PyModuleDef_HEAD_INIT, "_C", "compress CPU kernels", -1,

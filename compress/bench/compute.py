@@ -1,0 +1,56 @@
+"""Arithmetic ceiling of this CPU for the instruction mixes the GEMM tiles use, measured
+with ``compress._C.compute_peak`` (register-only loops on every intra-op thread): the
+compute counterpart of :mod:`compress.bench.bandwidth`, and the physical limit for
+large M. The int8 / fp32 ratio of the two peaks bounds what an int8 GEMM can gain over
+an ideal fp32 GEMM on this CPU."""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from compress import ops
+
+# multiply-accumulates per loop step of each recipe (csrc/cpu/compute_peak.cpp)
+MACS_PER_STEP = {"fp32_fma": 96, "int8_avx2": 256, "int8_vnni": 1024}
+RECIPE_ISA = {"fp32_fma": "avx2", "int8_avx2": "avx2", "int8_vnni": "avx512_vnni"}
+
+
+def available_recipes() -> list[str]:
+    """Recipes the CPU (and the current ISA cap) can run."""
+    if not ops.native_available("cpu"):
+        return []
+    order = ("avx512_vnni", "avx2", "scalar")  # best first
+    active = order.index(ops.cpu_isa())  # the ISA cap counts (cpu_isa <= what the CPU has)
+    return [r for r, isa in RECIPE_ISA.items() if order.index(isa) >= active]
+
+
+def compute_peak(recipe: str, seconds: float = 0.05, reps: int = 5) -> dict:
+    """Median GMAC/s (1e9 multiply-accumulates per second) of ``recipe`` over ``reps``
+    runs of about ``seconds`` each, with torch's current thread count."""
+    if recipe not in MACS_PER_STEP:
+        raise ValueError(f"unknown compute recipe {recipe!r}; choose one of {sorted(MACS_PER_STEP)}")
+    c = ops._cpu_module()
+    threads = torch.get_num_threads()
+    c.compute_peak(recipe, 10_000)  # warm up (and wake the pool)
+    t0 = time.perf_counter()
+    c.compute_peak(recipe, 100_000)
+    per_step = (time.perf_counter() - t0) / 100_000
+    iters = int(min(1 << 24, max(10_000, seconds / max(per_step, 1e-12))))
+    rates = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        macs = c.compute_peak(recipe, iters)
+        dt = time.perf_counter() - t0
+        expected = MACS_PER_STEP[recipe] * iters * threads
+        if macs != expected:
+            raise RuntimeError(f"compute_peak({recipe}) did {macs} multiply-accumulates, expected {expected}")
+        rates.append(macs / dt / 1e9)
+    return {"recipe": recipe, "threads": threads, "iters": iters,
+            "median_gmacs": statistics.median(rates), "best_gmacs": max(rates)}
+
+
+def compute_peaks() -> dict[str, dict]:
+    """:func:`compute_peak` of every recipe this CPU can run."""
+    return {r: compute_peak(r) for r in available_recipes()}

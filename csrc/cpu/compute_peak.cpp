@@ -1,0 +1,150 @@
+// compress._C.compute_peak(recipe, iters): the arithmetic ceiling of this CPU for the
+// instruction mixes our GEMM tiles use, the compute counterpart of stream_read_sum's
+// bandwidth. Each thread of the intra-op pool runs a register-only loop (no loads, no
+// stores) of one tile's inner step `iters` times; `compress bench kernels` times it and
+// holds large-M results against it. Operands are 1, so the returned sum of all
+// accumulator lanes equals the multiply-accumulates done (a check that no work was
+// folded away). An empty asm statement "changes" the weight registers and the activation
+// pointer every iteration, so the compiler cannot hoist the per-step work out of the loop
+// and reloads the activations from L1 each step, as the tiles do.
+//   fp32_fma   12 accumulators x 8 lanes, 12 FMAs per step (an AVX2 sgemm micro-tile)
+//   int8_avx2  the W8A8 AVX2 4 x 2 tile: per step 4 vpabsb and 8 x (vpsignb, vpmaddubsw,
+//              vpmaddwd, vpaddd), 256 MACs
+//   int8_vnni  the W8A8 VNNI 4 x 4 tile: 16 x (masked vpsubb, vpdpbusd) on 64 bytes, 1024 MACs
+#include <Python.h>
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <atomic>
+#include <cstring>
+#include <stdexcept>
+
+#include "cpu/kernel_common.h"
+
+namespace compress_cpu {
+namespace {
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+int64_t peak_fp32_fma(int64_t iters, float one) {
+  __m256 acc[12];
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  __m256 x0 = _mm256_set1_ps(one), x1 = x0;
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int j = 0; j < 6; ++j) acc[j] = _mm256_fmadd_ps(x0, x1, acc[j]);
+    for (int j = 6; j < 12; ++j) acc[j] = _mm256_fmadd_ps(x1, x0, acc[j]);
+    __asm__ volatile("" : "+x"(x0), "+x"(x1));
+  }
+  double s = 0;
+  for (auto& a : acc) {
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, a);
+    for (float v : lanes) s += v;
+  }
+  return static_cast<int64_t>(s);
+}
+
+int64_t peak_int8_avx2(int64_t iters, int8_t one) {
+  __m256i acc[4][2];
+  for (auto& row : acc)
+    for (auto& a : row) a = _mm256_setzero_si256();
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i w0 = _mm256_set1_epi8(one), w1 = w0;
+  alignas(32) int8_t x[4][32];  // the activation rows, loaded every step as the tile does
+  std::memset(x, one, sizeof(x));
+  const int8_t* xp = &x[0][0];
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int m = 0; m < 4; ++m) {
+      const __m256i xm = _mm256_load_si256(reinterpret_cast<const __m256i*>(xp + 32 * m));
+      const __m256i ax = _mm256_abs_epi8(xm);
+      acc[m][0] = _mm256_add_epi32(acc[m][0], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w0, xm)), ones));
+      acc[m][1] = _mm256_add_epi32(acc[m][1], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w1, xm)), ones));
+    }
+    __asm__ volatile("" : "+x"(w0), "+x"(w1), "+r"(xp));
+  }
+  int64_t s = 0;
+  for (auto& row : acc)
+    for (auto& a : row) s += hsum256_epi32(a);
+  return s;
+}
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")
+int64_t peak_int8_vnni(int64_t iters, int8_t one) {
+  __m512i acc[4][4];
+  for (auto& row : acc)
+    for (auto& a : row) a = _mm512_setzero_si512();
+  const __m512i zero = _mm512_setzero_si512();
+  __m512i w[4];
+  for (auto& v : w) v = _mm512_set1_epi8(one);
+  alignas(64) int8_t ax[4][64];  // |x| rows, loaded every step as the tile does
+  std::memset(ax, one, sizeof(ax));
+  const __mmask64 neg = 0;  // x >= 0: the masked negate runs and changes nothing
+  const int8_t* ap = &ax[0][0];
+  for (int64_t it = 0; it < iters; ++it) {
+    __m512i a[4];
+    for (int m = 0; m < 4; ++m) a[m] = _mm512_load_si512(ap + 64 * m);
+    for (int n = 0; n < 4; ++n)
+      for (int m = 0; m < 4; ++m) acc[m][n] = _mm512_dpbusd_epi32(acc[m][n], a[m], _mm512_mask_sub_epi8(w[n], neg, zero, w[n]));
+    __asm__ volatile("" : "+v"(w[0]), "+v"(w[1]), "+v"(w[2]), "+v"(w[3]), "+r"(ap));
+  }
+  int64_t s = 0;
+  for (auto& row : acc)
+    for (auto& v : row) {
+      alignas(64) int32_t lanes[16];
+      _mm512_store_si512(lanes, v);
+      for (int32_t l : lanes) s += l;
+    }
+  return s;
+}
+#pragma GCC pop_options
+
+}  // namespace
+
+// Runs `recipe` on every thread of the intra-op pool; returns the summed lanes (= MACs).
+// Throws std::invalid_argument for an unknown recipe, std::runtime_error when the CPU
+// (or the ISA cap) does not allow it.
+int64_t compute_peak(const char* recipe, int64_t iters) {
+  int64_t (*loop)(int64_t) = nullptr;
+  if (std::strcmp(recipe, "fp32_fma") == 0) {
+    if (active_isa() < Isa::Avx2) throw std::runtime_error("fp32_fma needs AVX2 + FMA");
+    loop = [](int64_t n) { return peak_fp32_fma(n, 1.f); };
+  } else if (std::strcmp(recipe, "int8_avx2") == 0) {
+    if (active_isa() < Isa::Avx2) throw std::runtime_error("int8_avx2 needs AVX2");
+    loop = [](int64_t n) { return peak_int8_avx2(n, 1); };
+  } else if (std::strcmp(recipe, "int8_vnni") == 0) {
+    if (active_isa() < Isa::Avx512Vnni) throw std::runtime_error("int8_vnni needs AVX-512 VNNI");
+    loop = [](int64_t n) { return peak_int8_vnni(n, 1); };
+  } else {
+    throw std::invalid_argument("unknown recipe; choose fp32_fma, int8_avx2 or int8_vnni");
+  }
+  const int threads = at::get_num_threads();
+  std::atomic<int64_t> total{0};
+  at::parallel_for(0, threads, 1, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) total += loop(iters);
+  });
+  return total.load();
+}
+
+}  // namespace compress_cpu
+
+// Python: compress._C.compute_peak(recipe: str, iters: int) -> int (registered in module.cpp).
+PyObject* py_compute_peak(PyObject*, PyObject* args) {
+  const char* recipe = nullptr;
+  long long iters = 0;
+  if (!PyArg_ParseTuple(args, "sL", &recipe, &iters)) return nullptr;
+  if (iters < 0 || iters > (1LL << 24)) {
+    PyErr_SetString(PyExc_ValueError, "compute_peak: iters must be in [0, 2^24] (fp32 lanes count exactly)");
+    return nullptr;
+  }
+  try {
+    return PyLong_FromLongLong(compress_cpu::compute_peak(recipe, iters));
+  } catch (const std::invalid_argument& e) {
+    PyErr_Format(PyExc_ValueError, "compute_peak(%s): %s", recipe, e.what());
+  } catch (const std::exception& e) {
+    PyErr_Format(PyExc_RuntimeError, "compute_peak(%s): %s", recipe, e.what());
+  }
+  return nullptr;
+}

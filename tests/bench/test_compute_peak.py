@@ -1,0 +1,81 @@
+"""The compute-peak probe (compress._C.compute_peak, compress.bench.compute) and the
+large-M summary of `compress bench kernels` that holds int8 results against it."""
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+import compress.ops as ops
+from compress.bench import compute, kernels
+
+native = pytest.mark.skipif(not ops.native_available("cpu"), reason="compress._C not built")
+
+
+@native
+@pytest.mark.parametrize("threads", [1, 2])
+def test_probe_does_exactly_the_counted_work(threads):
+    c = importlib.import_module("compress._C")
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for recipe in compute.available_recipes():
+            assert c.compute_peak(recipe, 1234) == compute.MACS_PER_STEP[recipe] * 1234 * threads
+            assert c.compute_peak(recipe, 0) == 0
+    finally:
+        torch.set_num_threads(old)
+
+
+@native
+def test_probe_rejects_bad_input():
+    c = importlib.import_module("compress._C")
+    with pytest.raises(ValueError, match="int9_avx2.*unknown recipe"):
+        c.compute_peak("int9_avx2", 10)
+    with pytest.raises(ValueError, match="iters"):
+        c.compute_peak("fp32_fma", 1 << 25)
+    with pytest.raises(ValueError, match="unknown compute recipe"):
+        compute.compute_peak("bf16_dot")
+    if "avx512_vnni" not in ops.cpu_isas_available():
+        with pytest.raises(RuntimeError, match="int8_vnni needs AVX-512 VNNI"):
+            c.compute_peak("int8_vnni", 10)
+
+
+@native
+def test_scalar_cap_leaves_no_recipe():
+    c = importlib.import_module("compress._C")
+    with ops.force_cpu_isa("scalar"):
+        assert compute.available_recipes() == []
+        with pytest.raises(RuntimeError, match="fp32_fma needs AVX2"):
+            c.compute_peak("fp32_fma", 10)
+
+
+@native
+@pytest.mark.skipif("avx2" not in (ops.cpu_isas_available() if ops.native_available("cpu") else []),
+                    reason="no AVX2")
+def test_peak_reports_a_positive_rate():
+    p = compute.compute_peak("int8_avx2", seconds=0.002, reps=3)
+    assert p["median_gmacs"] > 0 and p["best_gmacs"] >= p["median_gmacs"] and p["threads"] == torch.get_num_threads()
+
+
+def _rec(impl, m, seconds, op="w8a8", n=64, k=64):
+    flops = 2 * m * n * k
+    return kernels.Record(op, impl, m, n, k, seconds, n * k, n * k / seconds / 1e9, flops / seconds / 1e9)
+
+
+def test_large_m_summary_ratios_peaks_and_verdict():
+    m, n, k = 64, 64, 64
+    macs = m * n * k
+    # fp32 matmul at 1 GMAC/s, ours at 3 GMAC/s (3x); peaks: fp32 2, int8 4 GMAC/s
+    records = [_rec("torch matmul fp32", m, macs / 1e9, op="dense"), _rec("compress fp32", m, macs / 3e9),
+               _rec("compress fp32", 4, 1.0)]  # M < 64: not summarised
+    peaks = {"fp32_fma": {"median_gmacs": 2.0}, "int8_avx2": {"median_gmacs": 4.0}}
+    lines = []
+    kernels._large_m_summary(records, peaks, lines.append)
+    assert len(lines) == 2
+    assert "3.0 GMAC/s" in lines[0] and "75% of the int8 peak" in lines[0] and "3.00x fp32 matmul" in lines[0]
+    assert "50% of the fp32 peak" in lines[0]
+    assert "3.00-3.00x over 1 cases" in lines[1] and "met" in lines[1] and "peak on this CPU = 2.00" in lines[1]
+    lines.clear()
+    kernels._large_m_summary([records[0], _rec("compress fp32", m, macs / 1.5e9)], {}, lines.append)
+    assert "1.50-1.50x" in lines[-1] and "missed" in lines[-1] and "peak" not in lines[-1]
