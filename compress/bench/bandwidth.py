@@ -6,6 +6,7 @@ on the sitting). The figure is the physical limit for M = 1."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 
@@ -13,6 +14,24 @@ from compress import ops  # noqa: F401  (defines torch.ops.compress)
 from compress.runtime.hugepages import huge_page_zeros
 
 GIB = 1 << 30
+CPU_CACHE_DIR = "/sys/devices/system/cpu/cpu0/cache"
+
+
+def last_level_cache_bytes(cache_dir: str = CPU_CACHE_DIR) -> int | None:
+    """Size of the largest cache level the OS reports for CPU 0 (sysfs ``index*/size``,
+    e.g. "32768K"); None where sysfs does not say."""
+    best = None
+    for index in sorted(Path(cache_dir).glob("index*")):
+        try:
+            level = int((index / "level").read_text())
+            text = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        size = int(text[:-1]) * units[text[-1]] if text[-1:] in units else int(text) if text.isdigit() else None
+        if size is not None and (best is None or level > best[0] or (level == best[0] and size > best[1])):
+            best = (level, size)
+    return best[1] if best else None
 
 
 def _median(values: list[float]) -> float:

@@ -12,7 +12,8 @@ from typing import Callable
 import torch
 
 from compress import ops
-from compress.bench.bandwidth import read_bandwidth
+from compress.bench.bandwidth import last_level_cache_bytes, read_bandwidth
+from compress.bench.compute import compute_peaks
 from compress.io.files import atomic_write_text
 from compress.ops import reference
 from compress.ops.reference import w4a16_prepare_cpu, w8a8_tile_cpu
@@ -22,6 +23,13 @@ from compress.runtime.hugepages import huge_page_copy
 # MLP (14336x4096) and a 2048-hidden model's MLP (2048x8192).
 DEFAULT_SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008), (14336, 4096), (2048, 8192)]
 DEFAULT_MS = [1, 4, 16, 64, 256]
+# M = 1 only: Llama-2-70B / Llama-3-70B MLP up and down (28672x8192, 8192x28672), whose
+# packed weights (127 MB int4, 235 MB int8) exceed any last-level cache this runs on, so
+# the decode GEMV streams from DRAM the whole call (the shapes above fit a 32 MiB L3 in
+# int4 and are only DRAM-bound because the bench flushes the cache before each call).
+STREAM_SHAPES = [(28672, 8192), (8192, 28672)]
+M1_TARGET = 0.85  # issue 3: int4 / int8 M = 1 at >= 85% of the best read bandwidth
+LARGE_M_TARGET = 2.0  # issue 3: int8 at M >= 64 at >= 2x fp32 matmul
 GROUP = 128
 OUTLIER_FRACTION = 0.005
 
@@ -90,6 +98,13 @@ def build_cases(m: int, n: int, k: int, impls: set[str] | None) -> list[Case]:
             Case("w8a8_outlier", "compress fp32", lambda: w8o(x32, q8t, s8, idx, ow),
                  int8_bytes + ow.numel() * 2),
         ]
+    if want("compress") and m == 1:
+        # the same bytes read by the bandwidth probe's loop, cold, in the same rounds: what
+        # M = 1 could reach in this sitting (the 1 GiB probe before / after drifts with it)
+        for label, nbytes in (("int4", prepared_bytes), ("int8", int8_bytes)):
+            buf = huge_page_copy(torch.ones(-(-nbytes // 8), dtype=torch.int64))
+            cases.append(Case("read", f"stream_read_sum {label} bytes",
+                              lambda buf=buf: torch.ops.compress.stream_read_sum(buf), buf.numel() * 8))
     if want("torch"):
         wf = huge_page_copy(torch.randn(n, k) * 0.02)
         wb = huge_page_copy(wf.to(torch.bfloat16))
@@ -173,7 +188,9 @@ def time_cases(cases: list[Case], reps: int, budget_s: float, evict=None) -> dic
 
 
 def run(shapes, ms, impls=None, reps: int = 7, budget_s: float = 20.0, threads: int | None = None,
-        bandwidth_bytes: int = 1 << 30, log=print, cold: bool = True) -> dict:
+        bandwidth_bytes: int = 1 << 30, log=print, cold: bool = True, stream_shapes=()) -> dict:
+    """Every (N, K) in ``shapes`` at every M in ``ms``, then every (N, K) in
+    ``stream_shapes`` at M = 1 only (when 1 is in ``ms``)."""
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -183,37 +200,93 @@ def run(shapes, ms, impls=None, reps: int = 7, budget_s: float = 20.0, threads: 
         f"DRAM read bandwidth (stream_read_sum over {bandwidth_bytes >> 20} MiB"
         f"{' in 2 MiB pages, as the weights' if bw_before['huge_pages'] else ''}): "
         f"median {bw_before['median_gbps']:.1f} GB/s, best {bw_before['best_gbps']:.1f} GB/s")
+    peaks = compute_peaks()
+    if peaks:
+        log("# compute peak (register-only loops of the tiles' instruction mix, "
+            f"{torch.get_num_threads()} threads): " + ", ".join(
+                f"{name} {p['median_gmacs']:.1f} GMAC/s" for name, p in peaks.items()))
     evict = _cache_evictor() if cold else None  # one buffer for the whole sweep
     records: list[Record] = []
     header = f"{'op':<13} {'implementation':<32} {'M':>4} {'N':>6} {'K':>6} {'median ms':>10} {'GB/s':>7} {'GFLOP/s':>8}  ratios"
     log(header)
-    for n, k in shapes:
-        for m in ms:
-            cases = build_cases(m, n, k, impls)
-            med = time_cases(cases, reps, budget_s, evict)
-            recs = []
-            for c in cases:
-                t = med[c.op + "|" + c.implementation]
-                recs.append(Record(c.op, c.implementation, m, n, k, t, c.weight_bytes, c.weight_bytes / t / 1e9,
-                                   2 * m * n * k / t / 1e9))
-            by_impl = {(r.op, r.implementation): r for r in recs}
-            for r in recs:
-                log(f"{r.op:<13} {r.implementation:<32} {m:>4} {n:>6} {k:>6} {r.median_s * 1e3:>10.3f} "
-                    f"{r.gbps:>7.1f} {r.gflops:>8.1f}  {_ratios(r, by_impl)}")
-            records += recs
-            del cases
+    configs = [(n, k, m) for n, k in shapes for m in ms] + [(n, k, 1) for n, k in stream_shapes if 1 in ms]
+    for n, k, m in configs:
+        cases = build_cases(m, n, k, impls)
+        med = time_cases(cases, reps, budget_s, evict)
+        recs = []
+        for c in cases:
+            t = med[c.op + "|" + c.implementation]
+            recs.append(Record(c.op, c.implementation, m, n, k, t, c.weight_bytes, c.weight_bytes / t / 1e9,
+                               2 * m * n * k / t / 1e9))
+        by_impl = {(r.op, r.implementation): r for r in recs}
+        for r in recs:
+            log(f"{r.op:<13} {r.implementation:<32} {m:>4} {n:>6} {k:>6} {r.median_s * 1e3:>10.3f} "
+                f"{r.gbps:>7.1f} {r.gflops:>8.1f}  {_ratios(r, by_impl)}")
+        records += recs
+        del cases
     bw_after = read_bandwidth(bandwidth_bytes)
     log(f"# DRAM read bandwidth after the sweep: median {bw_after['median_gbps']:.1f} GB/s, "
         f"best {bw_after['best_gbps']:.1f} GB/s")
     best = max(bw_before["best_gbps"], bw_after["best_gbps"])
-    for r in records:
-        if r.M == 1 and r.implementation.startswith("compress"):
-            log(f"# M=1 {r.op:<13} {r.implementation:<15} {r.N}x{r.K}: {r.gbps:5.1f} GB/s = "
-                f"{100 * r.gbps / best:5.1f}% of best read bandwidth")
+    llc = last_level_cache_bytes()
+    m1 = [r for r in records if r.M == 1 and r.implementation.startswith("compress")]
+    same_read = {(r.N, r.K, r.implementation.split()[1]): r for r in records
+                 if r.M == 1 and r.op == "read"}
+    for r in m1:
+        where = "" if llc is None else ", > LLC" if r.weight_bytes > llc else ", fits the LLC"
+        read = same_read.get((r.N, r.K, "int4" if r.op == "w4a16" else "int8"))
+        same = f", {100 * r.gbps / read.gbps:5.1f}% of a same-size read in the same rounds" if read else ""
+        log(f"# M=1 {r.op:<13} {r.implementation:<15} {r.N}x{r.K} ({r.weight_bytes / 2**20:.0f} MiB{where}): "
+            f"{r.gbps:5.1f} GB/s = {100 * r.gbps / best:5.1f}% of best read bandwidth{same}")
+    if llc is not None:
+        for op in ("w4a16", "w8a8"):
+            rs = [r for r in m1 if r.op == op and r.weight_bytes > llc]
+            big = [100 * r.gbps / best for r in rs]
+            if big:
+                line = (f"# M=1 {op} on matrices larger than the {llc >> 20} MiB last-level cache: "
+                        f"{min(big):.1f}-{max(big):.1f}% of best read bandwidth over {len(big)} cases "
+                        f"(target {100 * M1_TARGET:.0f}%: {'met' if min(big) >= 100 * M1_TARGET else 'missed'})")
+                same = [100 * r.gbps / same_read[key].gbps for r in rs
+                        if (key := (r.N, r.K, "int4" if op == "w4a16" else "int8")) in same_read]
+                if same:
+                    line += f"; {min(same):.1f}-{max(same):.1f}% of a same-size read in the same rounds"
+                log(line)
+    _large_m_summary(records, peaks, log)
     return {"bandwidth": {"before": bw_before, "after": bw_after, "best_gbps": best},
+            "last_level_cache_bytes": llc, "compute_peaks": peaks,
             "threads": torch.get_num_threads(),
             "isa": ops.cpu_isa() if ops.native_available("cpu") else None,
             "records": [asdict(r) for r in records]}
+
+
+def _large_m_summary(records: list[Record], peaks: dict, log) -> None:
+    """int8 at M >= 64 against fp32 matmul and against the compute peaks: an int8 GEMM on
+    this CPU can be at most (int8 peak / fp32 peak) x an fp32 GEMM that runs at its peak."""
+    fp32 = {(r.M, r.N, r.K): r for r in records if r.implementation == "torch matmul fp32"}
+    int8_peak = peaks.get("int8_vnni", peaks.get("int8_avx2"))
+    fp32_peak = peaks.get("fp32_fma")
+    ratios = []
+    for r in records:
+        if r.op != "w8a8" or not r.implementation.startswith("compress") or r.M < 64:
+            continue
+        base = fp32.get((r.M, r.N, r.K))
+        gmacs = r.gflops / 2
+        parts = [f"{gmacs:.1f} GMAC/s"]
+        if int8_peak:
+            parts.append(f"{100 * gmacs / int8_peak['median_gmacs']:.0f}% of the int8 peak")
+        if base is not None:
+            ratios.append(base.median_s / r.median_s)
+            parts.append(f"{ratios[-1]:.2f}x fp32 matmul")
+            if fp32_peak:
+                parts.append(f"which runs at {100 * base.gflops / 2 / fp32_peak['median_gmacs']:.0f}% of the fp32 peak")
+        log(f"# M={r.M:<4} w8a8 {r.implementation:<15} {r.N}x{r.K}: " + ", ".join(parts))
+    if ratios:
+        line = (f"# int8 M>=64 vs fp32 matmul: {min(ratios):.2f}-{max(ratios):.2f}x over {len(ratios)} cases "
+                f"(target {LARGE_M_TARGET:.0f}x: {'met' if min(ratios) >= LARGE_M_TARGET else 'missed'})")
+        if int8_peak and fp32_peak:
+            line += (f"; int8 / fp32 compute peak on this CPU = "
+                     f"{int8_peak['median_gmacs'] / fp32_peak['median_gmacs']:.2f}")
+        log(line)
 
 
 def _ratios(r: Record, by_impl: dict) -> str:
@@ -242,7 +315,8 @@ def main(args) -> int:
     if args.isa:
         ops.set_cpu_isa(args.isa)
     result = run(shapes, ms, impls, reps=args.reps, budget_s=args.budget, threads=args.threads,
-                 bandwidth_bytes=int(args.bandwidth_mib) << 20, cold=not args.warm)
+                 bandwidth_bytes=int(args.bandwidth_mib) << 20, cold=not args.warm,
+                 stream_shapes=[] if args.shapes else STREAM_SHAPES)
     if args.json:
         atomic_write_text(args.json, json.dumps(result, indent=1))
         print(f"# wrote {args.json}")
@@ -250,7 +324,9 @@ def main(args) -> int:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--shapes", nargs="*", help="NxK (out x in) shapes, e.g. 11008x4096")
+    p.add_argument("--shapes", nargs="*",
+                   help="NxK (out x in) shapes, e.g. 11008x4096 (default: five Llama/Mistral shapes at every M, "
+                        "and two 70B MLP shapes larger than the last-level cache at M=1)")
     p.add_argument("--m", type=int, nargs="*", help="batch rows M (default 1 4 16 64 256)")
     p.add_argument("--impl", nargs="*", choices=["compress", "torch", "bnb"], help="implementations to run")
     p.add_argument("--isa", choices=["auto", "avx512_vnni", "avx2", "scalar"], help="cap our kernels' ISA")
