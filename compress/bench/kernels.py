@@ -1,6 +1,7 @@
 """``compress bench kernels``: our CPU kernels against PyTorch and bitsandbytes on real
 model shapes, timed A B A B in one run, beside the DRAM read bandwidth measured in the
-same command (the limit for M = 1)."""
+same command (the limit for M = 1) and the compute peak of the tiles' instruction mixes
+(the limit for large M)."""
 from __future__ import annotations
 
 import json
