@@ -33,13 +33,6 @@
 namespace compress_cpu {
 namespace {
 
-struct Linear {
-  std::string scheme;
-  int64_t group_size = 0;
-  const at::Tensor* w = nullptr;  // first of this linear's tensors in `weights`
-  c10::optional<at::Tensor> bias;
-};
-
 int64_t tensors_of(const std::string& scheme) {
   if (scheme == "w4a16_prepared") return 3;
   if (scheme == "w8a8_prepared") return 2;
@@ -49,7 +42,7 @@ int64_t tensors_of(const std::string& scheme) {
               "'; expected w4a16_prepared, w8a8_prepared, llm_int8_prepared or dense");
 }
 
-at::Tensor run_linear(const Linear& l, const at::Tensor& x) {
+at::Tensor run_linear(const DecodeLinear& l, const at::Tensor& x) {
   at::Tensor y;
   if (l.scheme == "w4a16_prepared") y = w4a16_gemm_prepared(x, l.w[0], l.w[1], l.w[2], l.group_size);
   else if (l.scheme == "w8a8_prepared") y = w8a8_gemm_prepared(x, l.w[0], l.w[1]);
@@ -141,23 +134,30 @@ void silu_mul(const at::Tensor& gu, at::Tensor& out) {
 
 }  // namespace
 
-at::Tensor decode_layer(const at::Tensor& x_in, const at::Tensor& attn_norm_weight, const at::Tensor& mlp_norm_weight,
-                        double eps, std::vector<std::string> schemes, std::vector<int64_t> group_sizes,
-                        std::vector<at::Tensor> weights, const c10::List<c10::optional<at::Tensor>>& biases,
-                        const at::Tensor& cos_in, const at::Tensor& sin_in, at::Tensor& k_cache, at::Tensor& v_cache,
-                        int64_t pos, const c10::optional<at::Tensor>& mask, int64_t n_heads, int64_t n_kv_heads) {
+// Checks that `schemes` / `group_sizes` / `weights` / `biases` describe four linears and
+// returns them, pointing into `weights` (which must outlive the result).
+std::vector<DecodeLinear> decode_linears(const std::vector<std::string>& schemes, const std::vector<int64_t>& group_sizes,
+                                         const std::vector<at::Tensor>& weights,
+                                         const std::vector<c10::optional<at::Tensor>>& biases) {
   TORCH_CHECK(schemes.size() == 4 && group_sizes.size() == 4 && biases.size() == 4,
               "decode_layer: schemes, group_sizes and biases need one entry per linear (qkv, o, gate_up, down)");
-  std::vector<Linear> lin(4);
+  std::vector<DecodeLinear> lin(4);
   size_t next = 0;
   for (int i = 0; i < 4; ++i) {
     const int64_t n = tensors_of(schemes[i]);
     TORCH_CHECK(next + n <= weights.size(), "decode_layer: weights has ", weights.size(),
                 " tensors, fewer than the schemes need");
-    lin[i] = Linear{schemes[i], group_sizes[i], weights.data() + next, biases.get(i)};
+    lin[i] = DecodeLinear{schemes[i], group_sizes[i], weights.data() + next, biases[i]};
     next += n;
   }
   TORCH_CHECK(next == weights.size(), "decode_layer: weights has ", weights.size(), " tensors, the schemes take ", next);
+  return lin;
+}
+
+at::Tensor decode_layer_run(const at::Tensor& x_in, const at::Tensor& attn_norm_weight, const at::Tensor& mlp_norm_weight,
+                            double eps, const std::vector<DecodeLinear>& lin, const at::Tensor& cos_in,
+                            const at::Tensor& sin_in, const at::Tensor& k_cache, const at::Tensor& v_cache, int64_t pos,
+                            const c10::optional<at::Tensor>& mask, int64_t n_heads, int64_t n_kv_heads) {
   TORCH_CHECK(x_in.dim() == 2, "decode_layer: x must be [B, hidden], got ", x_in.sizes());
   const at::Tensor x = x_in.contiguous();
   const int64_t B = x.size(0), D = cos_in.size(-1), nq = n_heads, nkv = n_kv_heads;
@@ -178,6 +178,7 @@ at::Tensor decode_layer(const at::Tensor& x_in, const at::Tensor& attn_norm_weig
   const bool half_cache = k_cache.scalar_type() == at::kHalf && x.scalar_type() != at::kHalf;
   TORCH_CHECK(nkv > 0 && nq % nkv == 0, "decode_layer: n_heads ", nq, " must be a multiple of n_kv_heads ", nkv);
   const at::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
+  at::Tensor kc = k_cache, vc = v_cache;  // written in place (one slot)
 
   const at::Tensor h = rms_norm(x, attn_norm_weight, eps);
   const at::Tensor qkv = run_linear(lin[0], h).contiguous();
@@ -185,11 +186,11 @@ at::Tensor decode_layer(const at::Tensor& x_in, const at::Tensor& attn_norm_weig
               " features, expected (n_heads + 2 n_kv_heads) * head_dim = ", (nq + 2 * nkv) * D);
   at::Tensor q = at::empty({B, nq, D}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "decode_layer_rope", [&] {
-    if (half_cache) rope_and_store<scalar_t, c10::Half>(qkv, cos, sin, q, k_cache, v_cache, pos, nq, nkv);
-    else rope_and_store<scalar_t, scalar_t>(qkv, cos, sin, q, k_cache, v_cache, pos, nq, nkv);
+    if (half_cache) rope_and_store<scalar_t, c10::Half>(qkv, cos, sin, q, kc, vc, pos, nq, nkv);
+    else rope_and_store<scalar_t, scalar_t>(qkv, cos, sin, q, kc, vc, pos, nq, nkv);
   });
-  const at::Tensor attn = decode_attention(q, k_cache.narrow(0, 0, B).narrow(2, 0, pos + 1),
-                                           v_cache.narrow(0, 0, B).narrow(2, 0, pos + 1), mask);
+  const at::Tensor attn = decode_attention(q, kc.narrow(0, 0, B).narrow(2, 0, pos + 1),
+                                           vc.narrow(0, 0, B).narrow(2, 0, pos + 1), mask);
   const at::Tensor a = run_linear(lin[1], attn);
   auto normed = add_rms_norm(a, x, mlp_norm_weight, eps);
   const at::Tensor gu = run_linear(lin[2], std::get<0>(normed)).contiguous();
@@ -200,6 +201,17 @@ at::Tensor decode_layer(const at::Tensor& x_in, const at::Tensor& attn_norm_weig
   at::Tensor out = std::get<1>(normed);
   out.add_(run_linear(lin[3], act));
   return out;
+}
+
+at::Tensor decode_layer(const at::Tensor& x_in, const at::Tensor& attn_norm_weight, const at::Tensor& mlp_norm_weight,
+                        double eps, std::vector<std::string> schemes, std::vector<int64_t> group_sizes,
+                        std::vector<at::Tensor> weights, const c10::List<c10::optional<at::Tensor>>& biases,
+                        const at::Tensor& cos_in, const at::Tensor& sin_in, at::Tensor& k_cache, at::Tensor& v_cache,
+                        int64_t pos, const c10::optional<at::Tensor>& mask, int64_t n_heads, int64_t n_kv_heads) {
+  std::vector<c10::optional<at::Tensor>> bias_list(biases.begin(), biases.end());
+  const std::vector<DecodeLinear> lin = decode_linears(schemes, group_sizes, weights, bias_list);
+  return decode_layer_run(x_in, attn_norm_weight, mlp_norm_weight, eps, lin, cos_in, sin_in, k_cache, v_cache, pos,
+                          mask, n_heads, n_kv_heads);
 }
 
 }  // namespace compress_cpu

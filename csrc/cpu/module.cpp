@@ -1,6 +1,7 @@
 // Python module entry for compress._C. Importing it runs the static
 // TORCH_LIBRARY_IMPL registrations of every kernel file in csrc/cpu/, and exposes
-// the run-time ISA query / override used by compress.ops (cpu_isa, set_cpu_isa).
+// the run-time ISA query / override used by compress.ops (cpu_isa, set_cpu_isa), the
+// compute-peak probe and the DecodePlan class (decode_plan.cpp).
 #include <Python.h>
 
 #include "cpu/kernel_common.h"
@@ -24,6 +25,7 @@ static PyObject* py_set_cpu_isa(PyObject*, PyObject* arg) {
 }
 
 PyObject* py_compute_peak(PyObject*, PyObject* args);  // compute_peak.cpp
+int register_decode_plan(PyObject* module);             // decode_plan.cpp
 
 static PyMethodDef compress_c_methods[] = {
     {"cpu_isa", py_cpu_isa, METH_NOARGS, "ISA the CPU kernels use now (avx512_vnni, avx2 or scalar)."},
@@ -38,4 +40,11 @@ static PyMethodDef compress_c_methods[] = {
 static struct PyModuleDef compress_c_module = {PyModuleDef_HEAD_INIT, "_C", "compress CPU kernels", -1,
                                                compress_c_methods};
 
-PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&compress_c_module); }
+PyMODINIT_FUNC PyInit__C(void) {
+  PyObject* module = PyModule_Create(&compress_c_module);
+  if (module != nullptr && register_decode_plan(module) != 0) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
+}

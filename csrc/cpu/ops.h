@@ -5,7 +5,9 @@
 
 #include <ATen/ATen.h>
 
+#include <string>
 #include <tuple>
+#include <vector>
 
 namespace compress_cpu {
 
@@ -19,5 +21,22 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
                                                 const at::Tensor& weight, double eps);
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const c10::optional<at::Tensor>& mask);
+
+// One of a decoder layer's four linears as decode_layer runs it (decode_layer.cpp).
+struct DecodeLinear {
+  std::string scheme;  // w4a16_prepared, w8a8_prepared, llm_int8_prepared or dense
+  int64_t group_size = 0;
+  const at::Tensor* w = nullptr;  // first of this linear's tensors, in a vector that outlives this
+  c10::optional<at::Tensor> bias;
+};
+// Checks and splits decode_layer's linear arguments (pointing into `weights`).
+std::vector<DecodeLinear> decode_linears(const std::vector<std::string>& schemes, const std::vector<int64_t>& group_sizes,
+                                         const std::vector<at::Tensor>& weights,
+                                         const std::vector<c10::optional<at::Tensor>>& biases);
+// compress::decode_layer's body on already split linears; the caches are written in place.
+at::Tensor decode_layer_run(const at::Tensor& x, const at::Tensor& attn_norm_weight, const at::Tensor& mlp_norm_weight,
+                            double eps, const std::vector<DecodeLinear>& lin, const at::Tensor& cos,
+                            const at::Tensor& sin, const at::Tensor& k_cache, const at::Tensor& v_cache, int64_t pos,
+                            const c10::optional<at::Tensor>& mask, int64_t n_heads, int64_t n_kv_heads);
 
 }  // namespace compress_cpu
