@@ -4,9 +4,11 @@ under torch.profiler and prints time per generated token by op, grouped.
 
     python scripts/profile_decode.py /tmp/bench-llama/rtn-int4 --threads 2 --tokens 32
 
-By default decode runs each layer as one ``compress::decode_layer`` call, whose GEMMs,
-norms and attention are direct C++ calls inside it (one group); ``--module-path`` runs
-the layers op by op (``model.fused_decode = False``) to split the time by op.
+By default a decode step is one ``compress._C.DecodePlan.step`` call running every layer
+(``compress::decode_layer``'s C++ per layer), whose GEMMs, norms and attention are direct
+C++ calls inside it (one group, recorded under the name below); ``--per-layer-op`` calls
+the ``compress::decode_layer`` op once per layer instead, and ``--module-path`` runs the
+layers op by op (``model.fused_decode = False``) to split the time by op.
 
 Groups: the packed GEMMs (our kernels, lm_head included when it is packed), dense
 matmuls, attention, norms, and everything else (views, copies, elementwise ops, the
@@ -22,8 +24,9 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+PLAN_EVENT = "compress._C.DecodePlan.step"
 GROUPS = [
-    ("whole layers (compress::decode_layer)", ("compress::decode_layer",)),
+    ("whole layers (DecodePlan.step or compress::decode_layer)", (PLAN_EVENT, "compress::decode_layer")),
     ("int4 GEMM (compress::w4a16_*)", ("compress::w4a16",)),
     ("int8 GEMM (compress::w8a8_*)", ("compress::w8a8",)),
     ("dense matmul (aten::mm/addmm/linear)", ("aten::mm", "aten::addmm")),
@@ -31,6 +34,18 @@ GROUPS = [
     ("norms (compress::rms_norm, add_rms_norm)", ("compress::rms_norm", "compress::add_rms_norm")),
 ]
 OTHER = "other ops (views, copies, elementwise, sampling)"
+
+
+class ProfiledPlan:
+    """A model's DecodePlan whose step() shows in torch.profiler as one event (the plan is
+    a pybind11 object, not a torch op, so the profiler would not see it otherwise)."""
+
+    def __init__(self, plan):
+        self.plan = plan
+
+    def step(self, *args):
+        with torch.profiler.record_function(PLAN_EVENT):
+            return self.plan.step(*args)
 
 
 def main(argv=None) -> None:
@@ -41,6 +56,8 @@ def main(argv=None) -> None:
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--module-path", action="store_true",
                    help="run decode layers op by op instead of one compress::decode_layer call each")
+    p.add_argument("--per-layer-op", action="store_true",
+                   help="one compress::decode_layer op call per layer instead of one DecodePlan call per step")
     args = p.parse_args(argv)
 
     from compress.runtime import LLM, SamplingParams
@@ -49,6 +66,10 @@ def main(argv=None) -> None:
     llm = LLM(args.path, threads=args.threads)
     if args.module_path:
         llm.model.fused_decode = False
+    if args.per_layer_op or llm.model.decode_plan is None:
+        llm.model.decode_plan = None
+    else:
+        llm.model.decode_plan = ProfiledPlan(llm.model.decode_plan)
     prompt = [(7 * i) % (llm.config.vocab_size - 10) + 5 for i in range(args.prompt_len)]
     llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))  # warm-up
 
