@@ -39,12 +39,19 @@ def _median(values: list[float]) -> float:
     return values[len(values) // 2]
 
 
+def read_buffer(nbytes: int) -> tuple[torch.Tensor, bool]:
+    """An int64 buffer of ``nbytes`` (rounded up to 8) for ``stream_read_sum``, every page
+    committed, in 2 MiB pages where the platform allows; and whether it is."""
+    n = -(-nbytes // 8)
+    buf = huge_page_zeros((n,), torch.int64)
+    huge_pages = buf is not None
+    return (torch.empty(n, dtype=torch.int64) if buf is None else buf).fill_(1), huge_pages
+
+
 def read_bandwidth(nbytes: int = GIB, reps: int = 7) -> dict:
     """Median and best GB/s (1e9 bytes/s) of reading ``nbytes`` with the intra-op pool."""
     nbytes = nbytes // 8 * 8
-    buf = huge_page_zeros((nbytes // 8,), torch.int64)
-    huge_pages = buf is not None
-    buf = (torch.empty(nbytes // 8, dtype=torch.int64) if buf is None else buf).fill_(1)  # commit every page
+    buf, huge_pages = read_buffer(nbytes)
     op = torch.ops.compress.stream_read_sum
     op(buf)  # warm up
     times = []

@@ -21,9 +21,9 @@ def available_recipes() -> list[str]:
     """Recipes the CPU (and the current ISA cap) can run."""
     if not ops.native_available("cpu"):
         return []
-    order = ("avx512_vnni", "avx2", "scalar")  # best first
-    active = order.index(ops.cpu_isa())  # the ISA cap counts (cpu_isa <= what the CPU has)
-    return [r for r, isa in RECIPE_ISA.items() if order.index(isa) >= active]
+    have = ops.cpu_isas_available()  # best first, down to scalar
+    active = have.index(ops.cpu_isa())  # the ISA cap counts
+    return [r for r, isa in RECIPE_ISA.items() if isa in have and have.index(isa) >= active]
 
 
 def compute_peak(recipe: str, seconds: float = 0.05, reps: int = 5) -> dict:

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from compress import ops
-from compress.bench.bandwidth import last_level_cache_bytes, read_bandwidth
+from compress.bench.bandwidth import last_level_cache_bytes, read_bandwidth, read_buffer
 from compress.bench.compute import compute_peaks
 from compress.io.files import atomic_write_text
 from compress.ops import reference
@@ -64,6 +64,14 @@ def _int4_weights(n: int, k: int, group: int):
     return u, reference.pack_int4(u), scales, zeros
 
 
+# which same-size read (build_cases, M = 1) each of our ops is held against
+READ_LABEL = {"w4a16": "int4", "w8a8": "int8", "w8a8_outlier": "int8"}
+
+
+def _same_size_read(label: str) -> str:
+    return f"stream_read_sum {label} bytes"
+
+
 def build_cases(m: int, n: int, k: int, impls: set[str] | None) -> list[Case]:
     """Every implementation for one (M, N, K); weights built once per shape by the caller
     would save time, but per-shape build keeps memory bounded. Weights (not bitsandbytes',
@@ -103,8 +111,8 @@ def build_cases(m: int, n: int, k: int, impls: set[str] | None) -> list[Case]:
         # the same bytes read by the bandwidth probe's loop, cold, in the same rounds: what
         # M = 1 could reach in this sitting (the 1 GiB probe before / after drifts with it)
         for label, nbytes in (("int4", prepared_bytes), ("int8", int8_bytes)):
-            buf = huge_page_copy(torch.ones(-(-nbytes // 8), dtype=torch.int64))
-            cases.append(Case("read", f"stream_read_sum {label} bytes",
+            buf, _ = read_buffer(nbytes)
+            cases.append(Case("read", _same_size_read(label),
                               lambda buf=buf: torch.ops.compress.stream_read_sum(buf), buf.numel() * 8))
     if want("torch"):
         wf = huge_page_copy(torch.randn(n, k) * 0.02)
@@ -231,11 +239,14 @@ def run(shapes, ms, impls=None, reps: int = 7, budget_s: float = 20.0, threads: 
     best = max(bw_before["best_gbps"], bw_after["best_gbps"])
     llc = last_level_cache_bytes()
     m1 = [r for r in records if r.M == 1 and r.implementation.startswith("compress")]
-    same_read = {(r.N, r.K, r.implementation.split()[1]): r for r in records
-                 if r.M == 1 and r.op == "read"}
+    reads = {(r.N, r.K, r.implementation): r for r in records if r.M == 1 and r.op == "read"}
+
+    def same_read(r: Record) -> Record | None:
+        return reads.get((r.N, r.K, _same_size_read(READ_LABEL[r.op])))
+
     for r in m1:
         where = "" if llc is None else ", > LLC" if r.weight_bytes > llc else ", fits the LLC"
-        read = same_read.get((r.N, r.K, "int4" if r.op == "w4a16" else "int8"))
+        read = same_read(r)
         same = f", {100 * r.gbps / read.gbps:5.1f}% of a same-size read in the same rounds" if read else ""
         log(f"# M=1 {r.op:<13} {r.implementation:<15} {r.N}x{r.K} ({r.weight_bytes / 2**20:.0f} MiB{where}): "
             f"{r.gbps:5.1f} GB/s = {100 * r.gbps / best:5.1f}% of best read bandwidth{same}")
@@ -247,8 +258,7 @@ def run(shapes, ms, impls=None, reps: int = 7, budget_s: float = 20.0, threads: 
                 line = (f"# M=1 {op} on matrices larger than the {llc >> 20} MiB last-level cache: "
                         f"{min(big):.1f}-{max(big):.1f}% of best read bandwidth over {len(big)} cases "
                         f"(target {100 * M1_TARGET:.0f}%: {'met' if min(big) >= 100 * M1_TARGET else 'missed'})")
-                same = [100 * r.gbps / same_read[key].gbps for r in rs
-                        if (key := (r.N, r.K, "int4" if op == "w4a16" else "int8")) in same_read]
+                same = [100 * r.gbps / read.gbps for r in rs if (read := same_read(r)) is not None]
                 if same:
                     line += f"; {min(same):.1f}-{max(same):.1f}% of a same-size read in the same rounds"
                 log(line)

@@ -9,7 +9,6 @@ checkpoint's scheme for that module, so dense and packed weights run the same co
 """
 from __future__ import annotations
 
-import importlib
 import inspect
 
 import torch
@@ -17,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from compress.architectures import ArchSpec, get_arch
-from compress.ops import get_op, native_available
+from compress.ops import _cpu_module, get_op, native_available
 from compress.ops.reference import apply_rope
 from compress.runtime.hugepages import relocate_to_huge_pages
 from compress.runtime.layers import LAYER_CLASSES, LINEAR_TYPES, fuse_linears
@@ -203,12 +202,12 @@ class LlamaFamilyModel(nn.Module):
         h = x.view(b, -1)
         cos = self.rope_cos[positions[:, 0]].to(h.dtype)
         sin = self.rope_sin[positions[:, 0]].to(h.dtype)
-        n_heads = self.layers[0].attn.n_heads
         key_masks = {window: key_mask(mask) for window, (mask, _) in masks.items()}
         if self.decode_plan is not None:
             h = self.decode_plan.step(h, cos, sin, kv_cache.k, kv_cache.v, start,
                                       [key_masks[window] for window in self.decode_windows])
             return h.view(b, 1, -1)
+        n_heads = self.layers[0].attn.n_heads
         op = torch.ops.compress.decode_layer.default  # the overload itself: ~18 us less per call
         for i, layer in enumerate(self.layers):
             k_cache, v_cache = kv_cache.layer(i)
@@ -349,8 +348,7 @@ def build_model(ckpt, dtype: torch.dtype = torch.float32, device="cpu", kernels:
     for layer in layers:
         layer.prepare_decode(kernels)
     model.fused_decode = all(layer.decode_args is not None for layer in layers)
-    if model.fused_decode:
-        make_decode_plan(model)
+    make_decode_plan(model)
     return model.eval()
 
 
@@ -360,8 +358,10 @@ def make_decode_plan(model: LlamaFamilyModel) -> None:
     ~30 arguments cost ~58 us a call to convert from Python). Leaves ``decode_plan`` None
     where the extension has no DecodePlan."""
     model.decode_plan, model.decode_windows = None, []
-    plan_class = getattr(importlib.import_module("compress._C"), "DecodePlan", None) if native_available("cpu") else None
-    if plan_class is None or not model.fused_decode:
+    if not model.fused_decode:  # fused_decode implies the native CPU kernels are loaded
+        return
+    plan_class = getattr(_cpu_module(), "DecodePlan", None)
+    if plan_class is None:
         return
     windows = sorted({layer.window for layer in model.layers}, key=lambda w: (w is not None, w or 0))
     plan = plan_class(model.layers[0].attn.n_heads, model.n_kv_heads)
