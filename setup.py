@@ -23,7 +23,11 @@ if torch is not None:
         "compress._C",
         cpu_sources,
         include_dirs=[os.path.abspath("csrc")],
-        extra_compile_args={"cxx": ["-O3", "-fopenmp", "-std=c++17"]},
+        # -ffp-contract=off: plain C++ arithmetic rounds where its source says, also inside
+        # the FMA-enabled `#pragma GCC target` regions (explicit _mm256_fmadd_ps is
+        # unaffected), so every ISA's scalar tails agree with each other, the reference's
+        # rounding and the ISA emulation harness (tests/csrc/test_cpu_isa_emulation.py).
+        extra_compile_args={"cxx": ["-O3", "-fopenmp", "-std=c++17", "-ffp-contract=off"]},
         extra_link_args=["-fopenmp"],
     ))
     want_cuda = os.environ.get("COMPRESS_BUILD_CUDA", "auto")
