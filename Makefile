@@ -16,6 +16,9 @@ $(STAMP): $(BUILD_INPUTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH) "setuptools>=69" wheel ninja
+	# simde-py is an sdist that needs its own build environment (setuptools-scm) for its
+	# version, so it is installed before the --no-build-isolation install of the project.
+	$(PIP) install -q "simde-py==0.8.2.post1" $(TORCH)
 	$(PIP) install -q --no-build-isolation -e '.[test]' $(TORCH)
 	touch $(STAMP)
 
