@@ -85,10 +85,13 @@ int cpk_emu_w4a16(int isa, const float* x, int64_t M, int64_t K, const uint8_t* 
 // W8A8 / fused LLM.int8 (w8a8_gemm_prepared / w8a8_outlier_gemm_prepared's tensors):
 // x fp32 [M, K], w int8 [N, K] (rows [0, N4) row-tiled), ws [N] of scale type wst
 // (0 fp32, 1 fp16, 2 bf16), C outlier columns idx (in range) with weights ow [N, C] of
-// type owt, y fp32 [M, N]. isa as above.
+// type owt, y fp32 [M, N]. isa as above. As w8::run: at M = 1 the tiles' epilogue adds
+// the outlier products; at M > 1 the tiles run without them and the gathered outlier
+// activations go to xo_out [M, C], for the caller to add xo_out @ ow^T as run's
+// at::addmm_ does.
 int cpk_emu_w8a8(int isa, const float* x, int64_t M, int64_t K, const int8_t* w, int64_t N, int64_t N4,
                  const void* ws, int wst, const int64_t* idx, int64_t C, const void* ow, int owt, int64_t nb,
-                 float* y) {
+                 float* y, float* xo_out) {
   if (M < 1 || N < 1 || K < 1 || C < 0 || nb < 4 || nb % 4 != 0) return -1;
   if (N4 != 0 && (N4 != N - N % w8::kTileRows || K % w8::kTileChunk != 0)) return -1;
   const int64_t Kp = ceil_div(K, w8::kPad) * w8::kPad;
@@ -100,22 +103,11 @@ int cpk_emu_w8a8(int isa, const float* x, int64_t M, int64_t K, const int8_t* w,
     sx[m] = w8::quantize_row(row.data(), K, idx, C, Kp, isa != kIsaScalar, qx.data() + m * Kp,
                              ax.data() + m * Kp, xo.data() + m * C);
   }
-  // As w8::run: with several rows, outlier weights as fp32 and C padded to a multiple of 8.
-  int64_t Ce = C;
-  const void* owp = ow;
-  ScaleType owtype = static_cast<ScaleType>(owt);
-  std::vector<float> ow_padded, xo_padded;
-  if (C && M > 1) {
-    Ce = ceil_div(C, 8) * 8;
-    ow_padded.assign(N * Ce, 0.f);
-    xo_padded.assign(M * Ce, 0.f);
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t c = 0; c < C; ++c) ow_padded[n * Ce + c] = load_scale(ow, owtype, n * C + c);
-    for (int64_t m = 0; m < M; ++m) std::copy_n(xo.data() + m * C, C, xo_padded.data() + m * Ce);
-    owp = ow_padded.data(), owtype = ScaleType::F32;
-  }
+  const bool epilogue_outliers = C != 0 && M == 1;
+  if (C && !epilogue_outliers) std::copy(xo.begin(), xo.end(), xo_out);
   const w8::Args a{M, N, K, Kp, N4, w, ws, static_cast<ScaleType>(wst), qx.data(), ax.data(), sx.data(),
-                   Ce, xo_padded.empty() ? xo.data() : xo_padded.data(), C ? owp : nullptr, owtype, y};
+                   epilogue_outliers ? C : 0, xo.data(), epilogue_outliers ? ow : nullptr,
+                   static_cast<ScaleType>(owt), y};
   for_blocks(M, N, nb, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
     if (isa == kIsaScalar) w8::block_scalar(a, m0, m1, n0, n1);
     else if (isa == kIsaAvx2) w8::block_avx2(a, m0, m1, n0, n1);
