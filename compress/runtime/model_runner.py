@@ -64,9 +64,12 @@ class ModelRunner:
         if self.length >= self.cache.capacity[1]:
             raise RuntimeError("KV cache is full")
         s = self.length
-        positions = (s - self.pad).unsqueeze(1)
         key_valid = None if self.key_valid is None else self.key_valid[:, :s + 1]
-        hidden = self.model(tokens.to(self.device).view(-1, 1), positions, self.cache, s, key_valid)
+        if self.model.decodes_in_one_call:
+            logits = self.model.decode_logits(tokens.to(self.device).view(-1), s - self.pad, self.cache, s, key_valid)
+            self.length += 1
+            return logits
+        hidden = self.model(tokens.to(self.device).view(-1, 1), (s - self.pad).unsqueeze(1), self.cache, s, key_valid)
         self.length += 1
         return self.model.logits(hidden[:, -1])
 

@@ -31,9 +31,8 @@
 #include "cpu/ops.h"
 
 namespace compress_cpu {
-namespace {
 
-int64_t tensors_of(const std::string& scheme) {
+int64_t decode_linear_tensors(const std::string& scheme) {
   if (scheme == "w4a16_prepared") return 3;
   if (scheme == "w8a8_prepared") return 2;
   if (scheme == "llm_int8_prepared") return 4;
@@ -42,7 +41,7 @@ int64_t tensors_of(const std::string& scheme) {
               "'; expected w4a16_prepared, w8a8_prepared, llm_int8_prepared or dense");
 }
 
-at::Tensor run_linear(const DecodeLinear& l, const at::Tensor& x) {
+at::Tensor run_decode_linear(const DecodeLinear& l, const at::Tensor& x) {
   at::Tensor y;
   if (l.scheme == "w4a16_prepared") y = w4a16_gemm_prepared(x, l.w[0], l.w[1], l.w[2], l.group_size);
   else if (l.scheme == "w8a8_prepared") y = w8a8_gemm_prepared(x, l.w[0], l.w[1]);
@@ -51,6 +50,8 @@ at::Tensor run_linear(const DecodeLinear& l, const at::Tensor& x) {
   if (l.bias.has_value()) y.add_(l.bias->to(y.scalar_type()));
   return y;
 }
+
+namespace {
 
 // Rotates q and k heads of one qkv row block (rotate-half convention, products and sum
 // rounded to T as x * cos + rotate_half(x) * sin is), writes q to `q` [B, nq, D] and
@@ -144,7 +145,7 @@ std::vector<DecodeLinear> decode_linears(const std::vector<std::string>& schemes
   std::vector<DecodeLinear> lin(4);
   size_t next = 0;
   for (int i = 0; i < 4; ++i) {
-    const int64_t n = tensors_of(schemes[i]);
+    const int64_t n = decode_linear_tensors(schemes[i]);
     TORCH_CHECK(next + n <= weights.size(), "decode_layer: weights has ", weights.size(),
                 " tensors, fewer than the schemes need");
     lin[i] = DecodeLinear{schemes[i], group_sizes[i], weights.data() + next, biases[i]};
@@ -181,7 +182,7 @@ at::Tensor decode_layer_run(const at::Tensor& x_in, const at::Tensor& attn_norm_
   at::Tensor kc = k_cache, vc = v_cache;  // written in place (one slot)
 
   const at::Tensor h = rms_norm(x, attn_norm_weight, eps);
-  const at::Tensor qkv = run_linear(lin[0], h).contiguous();
+  const at::Tensor qkv = run_decode_linear(lin[0], h).contiguous();
   TORCH_CHECK(qkv.size(1) == (nq + 2 * nkv) * D, "decode_layer: qkv linear gives ", qkv.size(1),
               " features, expected (n_heads + 2 n_kv_heads) * head_dim = ", (nq + 2 * nkv) * D);
   at::Tensor q = at::empty({B, nq, D}, x.options());
@@ -191,15 +192,15 @@ at::Tensor decode_layer_run(const at::Tensor& x_in, const at::Tensor& attn_norm_
   });
   const at::Tensor attn = decode_attention(q, kc.narrow(0, 0, B).narrow(2, 0, pos + 1),
                                            vc.narrow(0, 0, B).narrow(2, 0, pos + 1), mask);
-  const at::Tensor a = run_linear(lin[1], attn);
+  const at::Tensor a = run_decode_linear(lin[1], attn);
   auto normed = add_rms_norm(a, x, mlp_norm_weight, eps);
-  const at::Tensor gu = run_linear(lin[2], std::get<0>(normed)).contiguous();
+  const at::Tensor gu = run_decode_linear(lin[2], std::get<0>(normed)).contiguous();
   TORCH_CHECK(gu.size(1) % 2 == 0, "decode_layer: gate_up linear gives an odd feature count ", gu.size(1));
   at::Tensor act = at::empty({B, gu.size(1) / 2}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "decode_layer_silu",
                                   [&] { silu_mul<scalar_t>(gu, act); });
   at::Tensor out = std::get<1>(normed);
-  out.add_(run_linear(lin[3], act));
+  out.add_(run_decode_linear(lin[3], act));
   return out;
 }
 

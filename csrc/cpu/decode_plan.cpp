@@ -1,7 +1,9 @@
-// compress._C.DecodePlan: a whole decode step (every decoder layer) in one call from
-// Python. The runtime builds it once after loading (one add_layer per layer, holding the
-// tensors compress::decode_layer takes) and per step passes only what changes: the hidden
-// state, rope rows, the KV cache, the cache slot and the masks.
+// compress._C.DecodePlan: a whole decode step in one call from Python. The runtime builds
+// it once after loading (one add_layer per layer, holding the tensors
+// compress::decode_layer takes; set_head for the embedding, rope tables, final norm and
+// lm_head) and per step passes only what changes: decode() takes the token ids, their
+// positions, the KV cache, the cache slot and the masks and returns the logits; step()
+// runs the layers alone on a hidden state.
 //
 // Why: calling the decode_layer op from Python converts its ~30 arguments (a list of ~10
 // weight tensors, four scheme strings, four optional biases, ...) every call. Measured on
@@ -64,7 +66,58 @@ class DecodePlan {
     return h;
   }
 
+  // What surrounds the layers, so decode() is a whole step: the embedding table [vocab,
+  // hidden], the rope tables [positions, head_dim], the final norm and the lm_head
+  // linear (one of decode_layer's schemes: its tensors in `weights`).
+  void set_head(at::Tensor embed, at::Tensor rope_cos, at::Tensor rope_sin, at::Tensor norm_weight, double eps,
+                std::string scheme, int64_t group_size, std::vector<at::Tensor> weights,
+                c10::optional<at::Tensor> bias) {
+    TORCH_CHECK(embed.dim() == 2, "DecodePlan.set_head: embed must be [vocab, hidden], got ", embed.sizes());
+    TORCH_CHECK(rope_cos.dim() == 2 && rope_sin.sizes() == rope_cos.sizes(),
+                "DecodePlan.set_head: rope_cos and rope_sin must both be [positions, head_dim], got ", rope_cos.sizes(),
+                " and ", rope_sin.sizes());
+    TORCH_CHECK(norm_weight.dim() == 1 && norm_weight.size(0) == embed.size(1), "DecodePlan.set_head: norm_weight must be [",
+                embed.size(1), "], got ", norm_weight.sizes());
+    const int64_t n = decode_linear_tensors(scheme);
+    TORCH_CHECK(static_cast<int64_t>(weights.size()) == n, "DecodePlan.set_head: lm_head scheme '", scheme, "' takes ", n,
+                " tensors, got ", weights.size());
+    auto head = std::make_unique<Head>();
+    head->embed = embed.contiguous();
+    head->rope_cos = rope_cos.contiguous();
+    head->rope_sin = rope_sin.contiguous();
+    head->norm_weight = std::move(norm_weight);
+    head->eps = eps;
+    head->weights = std::move(weights);  // lm_head points into this vector: never resized again
+    head->lm_head = DecodeLinear{scheme, group_size, head->weights.data(), std::move(bias)};
+    head_ = std::move(head);
+  }
+
+  // A whole decode step: token `ids` [B] (int64) at rope `positions` [B] (int64), written
+  // at cache slot `pos`, through the embedding, every layer (as step()), the final norm
+  // and the lm_head: fp32 logits [B, vocab].
+  at::Tensor decode(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& k_cache,
+                    const at::Tensor& v_cache, int64_t pos, const std::vector<c10::optional<at::Tensor>>& masks) const {
+    TORCH_CHECK(head_ != nullptr, "DecodePlan.decode: no head (call set_head first)");
+    TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong && positions.sizes() == ids.sizes() &&
+                    positions.scalar_type() == at::kLong,
+                "DecodePlan.decode: ids and positions must be int64 [B], got ", ids.sizes(), " ", ids.scalar_type(),
+                " and ", positions.sizes(), " ", positions.scalar_type());
+    const at::Tensor idc = ids.contiguous(), posc = positions.contiguous();
+    const int64_t vocab = head_->embed.size(0), n_pos = head_->rope_cos.size(0);
+    for (int64_t b = 0; b < idc.numel(); ++b) {
+      const int64_t t = idc.data_ptr<int64_t>()[b], p = posc.data_ptr<int64_t>()[b];
+      TORCH_CHECK(t >= 0 && t < vocab, "DecodePlan.decode: token id ", t, " (row ", b, ") outside the vocabulary of ", vocab);
+      TORCH_CHECK(p >= 0 && p < n_pos, "DecodePlan.decode: position ", p, " (row ", b, ") outside the rope table's ", n_pos);
+    }
+    const at::Tensor x = at::index_select(head_->embed, 0, idc);
+    const at::Tensor cos = at::index_select(head_->rope_cos, 0, posc).to(x.scalar_type());
+    const at::Tensor sin = at::index_select(head_->rope_sin, 0, posc).to(x.scalar_type());
+    const at::Tensor h = rms_norm(step(x, cos, sin, k_cache, v_cache, pos, masks), head_->norm_weight, head_->eps);
+    return run_decode_linear(head_->lm_head, h).to(at::kFloat);
+  }
+
   int64_t n_layers() const { return static_cast<int64_t>(layers_.size()); }
+  bool has_head() const { return head_ != nullptr; }
 
  private:
   struct Layer {
@@ -74,8 +127,15 @@ class DecodePlan {
     std::vector<DecodeLinear> linears;
     int64_t mask_slot = 0;
   };
+  struct Head {
+    at::Tensor embed, rope_cos, rope_sin, norm_weight;
+    double eps = 0;
+    std::vector<at::Tensor> weights;
+    DecodeLinear lm_head;
+  };
   int64_t n_heads_, n_kv_heads_;
   std::vector<std::unique_ptr<Layer>> layers_;
+  std::unique_ptr<Head> head_;
 };
 
 }  // namespace
@@ -96,7 +156,13 @@ int register_decode_plan(PyObject* module) {
         .def("step", &DecodePlan::step, py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("k_cache"),
              py::arg("v_cache"), py::arg("pos"), py::arg("masks"),
              py::call_guard<py::gil_scoped_release>())
-        .def_property_readonly("n_layers", &DecodePlan::n_layers);
+        .def("set_head", &DecodePlan::set_head, py::arg("embed"), py::arg("rope_cos"), py::arg("rope_sin"),
+             py::arg("norm_weight"), py::arg("eps"), py::arg("scheme"), py::arg("group_size"), py::arg("weights"),
+             py::arg("bias"))
+        .def("decode", &DecodePlan::decode, py::arg("ids"), py::arg("positions"), py::arg("k_cache"),
+             py::arg("v_cache"), py::arg("pos"), py::arg("masks"), py::call_guard<py::gil_scoped_release>())
+        .def_property_readonly("n_layers", &DecodePlan::n_layers)
+        .def_property_readonly("has_head", &DecodePlan::has_head);
   } catch (py::error_already_set& e) {
     e.restore();
     return -1;

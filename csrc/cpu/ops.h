@@ -29,6 +29,10 @@ struct DecodeLinear {
   const at::Tensor* w = nullptr;  // first of this linear's tensors, in a vector that outlives this
   c10::optional<at::Tensor> bias;
 };
+// How many tensors a linear of `scheme` takes (an error naming the scheme if unknown).
+int64_t decode_linear_tensors(const std::string& scheme);
+// y = x W^T (+ bias) for one linear, in x's dtype.
+at::Tensor run_decode_linear(const DecodeLinear& l, const at::Tensor& x);
 // Checks and splits decode_layer's linear arguments (pointing into `weights`).
 std::vector<DecodeLinear> decode_linears(const std::vector<std::string>& schemes, const std::vector<int64_t>& group_sizes,
                                          const std::vector<at::Tensor>& weights,

@@ -85,3 +85,55 @@ def test_plan_errors_name_the_problem(tokenizer):
         plan.step(h, cos, cos, k, k, 0, [None])
     out = plan.step(h, cos, cos, k, k, 0, [None, None])
     assert out.shape == h.shape and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("family,overrides", [("llama", {}), ("qwen2", {}), ("mistral", {"sliding_window": 5})],
+                         ids=["llama", "qwen2", "mistral-window"])
+@pytest.mark.parametrize("scheme", ["dense", "w4a16", "w8a8", "llm_int8"])
+def test_one_call_decode_matches_step_path(tokenizer, family, overrides, scheme, monkeypatch):
+    """``DecodePlan.decode`` (embedding, rope rows, layers, final norm, lm_head in C++)
+    gives the logits of ``plan.step`` plus the Python embedding / norm / lm_head, bit for
+    bit, with left padding and windows."""
+    from compress.runtime.models.llama import LlamaFamilyModel
+    model = build_model(checkpoint(family, scheme, len(tokenizer), **overrides))
+    assert model.decode_plan.has_head and model.decodes_in_one_call
+    got = step_logits(model, PROMPTS, 9, fused=True)
+    monkeypatch.setattr(LlamaFamilyModel, "decodes_in_one_call", property(lambda self: False))
+    want = step_logits(model, PROMPTS, 9, fused=True)
+    for step, (g, w) in enumerate(zip(got, want)):
+        assert g.dtype == torch.float32 and torch.equal(g, w), f"step {step}: max diff {(g - w).abs().max()}"
+
+
+def test_one_call_decode_greedy_generation(tokenizer, monkeypatch):
+    """End to end through LLM.generate: the same greedy tokens with and without the head."""
+    from compress.runtime import LLM, SamplingParams
+    from compress.runtime.models.llama import LlamaFamilyModel
+    llm = LLM.from_checkpoint(checkpoint("llama", "w4a16", len(tokenizer)), tokenizer=tokenizer)
+    assert llm.model.decodes_in_one_call
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    got = [o.token_ids for o in llm.generate([[5, 9, 13, 21], [11, 4]], params)]
+    monkeypatch.setattr(LlamaFamilyModel, "decodes_in_one_call", property(lambda self: False))
+    assert [o.token_ids for o in llm.generate([[5, 9, 13, 21], [11, 4]], params)] == got
+
+
+def test_one_call_decode_errors_name_the_problem(tokenizer):
+    model = build_model(checkpoint("llama", "w8a8", len(tokenizer)))
+    plan = model.decode_plan
+    k = torch.zeros(len(model.layers), 1, model.n_kv_heads, 8, model.head_dim)
+    ids, pos = torch.tensor([3]), torch.tensor([0])
+    with pytest.raises(RuntimeError, match="ids and positions must be int64"):
+        plan.decode(ids.int(), pos, k, k, 0, [None])
+    with pytest.raises(RuntimeError, match=r"token id 100000 \(row 0\) outside the vocabulary"):
+        plan.decode(torch.tensor([100000]), pos, k, k, 0, [None])
+    with pytest.raises(RuntimeError, match=r"position -1 \(row 0\) outside the rope table"):
+        plan.decode(ids, torch.tensor([-1]), k, k, 0, [None])
+    bare = importlib.import_module("compress._C").DecodePlan(model.layers[0].attn.n_heads, model.n_kv_heads)
+    with pytest.raises(RuntimeError, match="no head"):
+        bare.decode(ids, pos, k, k, 0, [None])
+    scheme, group_size, tensors, bias = model.lm_head.decode_spec()
+    with pytest.raises(RuntimeError, match=f"lm_head scheme '{scheme}' takes {len(tensors)} tensors, got"):
+        bare.set_head(model.embed, model.rope_cos, model.rope_sin, model.norm.weight, model.norm.eps, scheme,
+                      group_size, tensors[:-1], bias)
+    with pytest.raises(RuntimeError, match="norm_weight must be"):
+        bare.set_head(model.embed, model.rope_cos, model.rope_sin, model.norm.weight[:-1], model.norm.eps, scheme,
+                      group_size, tensors, bias)

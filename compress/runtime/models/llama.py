@@ -218,6 +218,24 @@ class LlamaFamilyModel(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
 
+    @property
+    def decodes_in_one_call(self) -> bool:
+        """Whether :meth:`decode_logits` runs (a DecodePlan with its head)."""
+        return self.fused_decode and self.decode_plan is not None and self.decode_plan.has_head
+
+    def decode_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache, start: int,
+                      key_valid: torch.Tensor | None = None) -> torch.Tensor:
+        """A decode step in one ``DecodePlan.decode`` call: ``input_ids`` / ``positions``
+        ``[B]`` written at cache slot ``start`` -> fp32 logits ``[B, V]`` (what
+        ``logits(forward(...)[:, -1])`` gives, bit for bit)."""
+        if input_ids.dtype != torch.long:
+            input_ids = input_ids.long()
+        masks = []
+        for window in self.decode_windows:
+            mask, _ = attention_mask(1, start, key_valid, window, input_ids.device)
+            masks.append(key_mask(mask))
+        return self.decode_plan.decode(input_ids, positions, kv_cache.k, kv_cache.v, start, masks)
+
 
 def key_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
     """A one-query ``attention_mask`` ``[B|1, 1, 1, S]`` as the decode ops take it: ``[B|1, S]``."""
@@ -368,4 +386,13 @@ def make_decode_plan(model: LlamaFamilyModel) -> None:
     for layer in model.layers:
         attn_norm, mlp_norm, eps, schemes, group_sizes, weights, biases = layer.decode_args
         plan.add_layer(attn_norm, mlp_norm, eps, schemes, group_sizes, weights, biases, windows.index(layer.window))
+    # The embedding, rope rows, final norm and lm_head too, where the lm_head has a form the
+    # plan runs: then a step is plan.decode(ids, positions, ...) -> logits, one call
+    # instead of ~15 PyTorch ops from Python (each ~20-100 us after a step's weights have
+    # streamed through the caches, against ~7 us back to back).
+    head = model.lm_head.decode_spec()
+    if head is not None:
+        scheme, group_size, tensors, bias = head
+        plan.set_head(model.embed, model.rope_cos, model.rope_sin, model.norm.weight, model.norm.eps,
+                      scheme, group_size, tensors, bias)
     model.decode_plan, model.decode_windows = plan, windows
