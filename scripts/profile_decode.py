@@ -4,9 +4,10 @@ under torch.profiler and prints time per generated token by op, grouped.
 
     python scripts/profile_decode.py /tmp/bench-llama/rtn-int4 --threads 2 --tokens 32
 
-By default a decode step is one ``compress._C.DecodePlan.step`` call running every layer
-(``compress::decode_layer``'s C++ per layer), whose GEMMs, norms and attention are direct
-C++ calls inside it (one group, recorded under the name below); ``--per-layer-op`` calls
+By default a decode step is one ``compress._C.DecodePlan.decode`` call (the embedding,
+every layer as ``compress::decode_layer``'s C++, the final norm and the lm_head), whose
+GEMMs, norms and attention are direct C++ calls inside it (one group, recorded under the
+name below); ``--per-layer-op`` calls
 the ``compress::decode_layer`` op once per layer instead, and ``--module-path`` runs the
 layers op by op (``model.fused_decode = False``) to split the time by op.
 
@@ -25,7 +26,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 PLAN_EVENT = "compress._C.DecodePlan.step"
+DECODE_EVENT = "compress._C.DecodePlan.decode"
 GROUPS = [
+    ("whole step (DecodePlan.decode)", (DECODE_EVENT,)),
     ("whole layers (DecodePlan.step or compress::decode_layer)", (PLAN_EVENT, "compress::decode_layer")),
     ("int4 GEMM (compress::w4a16_*)", ("compress::w4a16",)),
     ("int8 GEMM (compress::w8a8_*)", ("compress::w8a8",)),
@@ -37,11 +40,17 @@ OTHER = "other ops (views, copies, elementwise, sampling)"
 
 
 class ProfiledPlan:
-    """A model's DecodePlan whose step() shows in torch.profiler as one event (the plan is
-    a pybind11 object, not a torch op, so the profiler would not see it otherwise)."""
+    """A model's DecodePlan whose decode() and step() show in torch.profiler as one event
+    each (the plan is a pybind11 object, not a torch op, so the profiler would not see
+    it otherwise)."""
 
     def __init__(self, plan):
         self.plan = plan
+        self.has_head = plan.has_head
+
+    def decode(self, *args):
+        with torch.profiler.record_function(DECODE_EVENT):
+            return self.plan.decode(*args)
 
     def step(self, *args):
         with torch.profiler.record_function(PLAN_EVENT):
