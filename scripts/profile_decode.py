@@ -7,9 +7,9 @@ under torch.profiler and prints time per generated token by op, grouped.
 By default a decode step is one ``compress._C.DecodePlan.decode`` call (the embedding,
 every layer as ``compress::decode_layer``'s C++, the final norm and the lm_head), whose
 GEMMs, norms and attention are direct C++ calls inside it (one group, recorded under the
-name below); ``--per-layer-op`` calls
-the ``compress::decode_layer`` op once per layer instead, and ``--module-path`` runs the
-layers op by op (``model.fused_decode = False``) to split the time by op.
+name below); ``--per-layer-op`` calls the ``compress::decode_layer`` op once per layer
+instead, and ``--module-path`` runs the layers op by op (``model.fused_decode = False``)
+to split the time by op.
 
 Groups: the packed GEMMs (our kernels, lm_head included when it is packed), dense
 matmuls, attention, norms, and everything else (views, copies, elementwise ops, the
