@@ -3,7 +3,8 @@
 csrc/cpu/tests/isa_emulation.cpp includes the kernels' own tile sources and ATen-free
 headers and is compiled by g++ with csrc/cpu/tests/simde_shim/ standing in for
 <immintrin.h> (SIMDe's portable intrinsics; simde-py, a test dependency), into a shared
-library cached under build/cpu_isa_emulation/<source hash>/ and driven through ctypes.
+library cached under build/cpu_isa_emulation/<source hash>/ (native_harness.py) and
+driven through ctypes.
 
 What is checked:
 * the emulation itself: the harness's AVX2 and scalar paths give the compiled extension's
@@ -19,10 +20,8 @@ What is checked:
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -31,8 +30,8 @@ import torch
 import compress.ops as ops
 from compress.ops import reference
 from quantizers.primitives import sqnr_db
+from native_harness import REPO, build_cached_library
 
-REPO = Path(__file__).resolve().parents[2]
 CPU_DIR = REPO / "csrc" / "cpu"
 HARNESS = CPU_DIR / "tests" / "isa_emulation.cpp"
 SHIM = CPU_DIR / "tests" / "simde_shim"
@@ -56,22 +55,12 @@ def _build() -> Path:
     cxx = os.environ.get("CXX") or shutil.which("g++")
     if cxx is None:
         pytest.skip("no C++ compiler (g++ or $CXX)")
-    h = hashlib.sha256(simde.encode())
-    for p in SOURCES:
-        h.update(p.read_bytes())
-    out_dir = REPO / "build" / "cpu_isa_emulation" / h.hexdigest()[:16]
-    lib = out_dir / "libcpk_emu.so"
-    if not lib.exists():
-        out_dir.mkdir(parents=True, exist_ok=True)
-        tmp = out_dir / f"libcpk_emu.{os.getpid()}.so"
-        cmd = [cxx, "-std=c++17", "-O1", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror", "-Wno-psabi",
-               "-DCOMPRESS_ISA_EMULATION", f"-I{SHIM}", f"-I{simde}", f"-I{REPO / 'csrc'}", str(HARNESS),
-               "-o", str(tmp)]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            raise RuntimeError(f"ISA emulation harness build failed:\n{' '.join(cmd)}\n{res.stdout}\n{res.stderr}")
-        os.replace(tmp, lib)
-    return lib
+    return build_cached_library(
+        "cpu_isa_emulation", SOURCES,
+        lambda out: [cxx, "-std=c++17", "-O1", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror", "-Wno-psabi",
+                     "-DCOMPRESS_ISA_EMULATION", f"-I{SHIM}", f"-I{simde}", f"-I{REPO / 'csrc'}", str(HARNESS),
+                     "-o", str(out)],
+        salt=simde)
 
 
 @pytest.fixture(scope="module")

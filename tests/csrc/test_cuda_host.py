@@ -1,7 +1,7 @@
 """Host tests of the CUDA kernels' __host__ __device__ helpers (no GPU needed).
 
 csrc/cuda/tests/host_harness.cu is compiled by nvcc into a shared library (cached
-under build/cuda_host/<source hash>/) and driven through ctypes. Everything is checked
+under build/cuda_host/<source hash>/ by native_harness.py) and driven through ctypes. Everything is checked
 against compress/ops/reference.py or, for the mma.sync / ldmatrix fragment layouts, the
 PTX ISA tables: the fragment helpers, the int4 shuffle, the lop3 magic-number
 dequantization (exhaustive over nibbles x zero points, fp16 and bf16), the per-token
@@ -11,18 +11,16 @@ kernels' own helpers with ldmatrix / mma.sync emulated lane by lane.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
 from compress.ops import reference as ref
+from native_harness import REPO, build_cached_library
 
-REPO = Path(__file__).resolve().parents[2]
 CUDA_DIR = REPO / "csrc" / "cuda"
 HARNESS = CUDA_DIR / "tests" / "host_harness.cu"
 HEADERS = ("cpk_common.cuh", "int4_layout.cuh", "w4a16_tile.cuh", "w8a8_tile.cuh")
@@ -39,21 +37,10 @@ def _build() -> Path:
     nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found (set NVCC or install the CUDA toolkit): CUDA host tests skipped")
-    h = hashlib.sha256()
-    for p in [HARNESS] + [CUDA_DIR / name for name in HEADERS]:
-        h.update(p.read_bytes())
-    out_dir = REPO / "build" / "cuda_host" / h.hexdigest()[:16]
-    lib = out_dir / "libcpk_host.so"
-    if not lib.exists():
-        out_dir.mkdir(parents=True, exist_ok=True)
-        tmp = out_dir / f"libcpk_host.{os.getpid()}.so"
-        cmd = [nvcc, "-std=c++17", "-O2", "-arch=sm_80", "-Werror", "all-warnings",
-               "-Xcompiler", "-fPIC,-Wall,-Werror", "-shared", str(HARNESS), "-o", str(tmp)]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            raise RuntimeError(f"harness build failed:\n{' '.join(cmd)}\n{res.stdout}\n{res.stderr}")
-        os.replace(tmp, lib)
-    return lib
+    return build_cached_library(
+        "cuda_host", [HARNESS] + [CUDA_DIR / name for name in HEADERS],
+        lambda out: [nvcc, "-std=c++17", "-O2", "-arch=sm_80", "-Werror", "all-warnings",
+                     "-Xcompiler", "-fPIC,-Wall,-Werror", "-shared", str(HARNESS), "-o", str(out)])
 
 
 @pytest.fixture(scope="module")
