@@ -64,14 +64,15 @@ class ModelRunner:
         if self.length >= self.cache.capacity[1]:
             raise RuntimeError("KV cache is full")
         s = self.length
+        ids, positions = tokens.to(self.device).view(-1), s - self.pad
         key_valid = None if self.key_valid is None else self.key_valid[:, :s + 1]
         if self.model.decodes_in_one_call:
-            logits = self.model.decode_logits(tokens.to(self.device).view(-1), s - self.pad, self.cache, s, key_valid)
-            self.length += 1
-            return logits
-        hidden = self.model(tokens.to(self.device).view(-1, 1), (s - self.pad).unsqueeze(1), self.cache, s, key_valid)
+            logits = self.model.decode_logits(ids, positions, self.cache, s, key_valid)
+        else:
+            hidden = self.model(ids.view(-1, 1), positions.unsqueeze(1), self.cache, s, key_valid)
+            logits = self.model.logits(hidden[:, -1])
         self.length += 1
-        return self.model.logits(hidden[:, -1])
+        return logits
 
     @property
     def capacity(self) -> int:

@@ -104,8 +104,9 @@ class DecodePlan {
                 " and ", positions.sizes(), " ", positions.scalar_type());
     const at::Tensor idc = ids.contiguous(), posc = positions.contiguous();
     const int64_t vocab = head_->embed.size(0), n_pos = head_->rope_cos.size(0);
+    const int64_t *id = idc.data_ptr<int64_t>(), *ps = posc.data_ptr<int64_t>();
     for (int64_t b = 0; b < idc.numel(); ++b) {
-      const int64_t t = idc.data_ptr<int64_t>()[b], p = posc.data_ptr<int64_t>()[b];
+      const int64_t t = id[b], p = ps[b];
       TORCH_CHECK(t >= 0 && t < vocab, "DecodePlan.decode: token id ", t, " (row ", b, ") outside the vocabulary of ", vocab);
       TORCH_CHECK(p >= 0 && p < n_pos, "DecodePlan.decode: position ", p, " (row ", b, ") outside the rope table's ", n_pos);
     }
