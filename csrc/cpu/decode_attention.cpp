@@ -217,7 +217,14 @@ void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const AttnArgs<float, TKV> a(q, k, v, out);
   const int64_t S = a.S, D = a.D, group = a.group;
   at::parallel_for(0, a.B * a.Hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(group * D), scores(group * S), kbuf, vbuf;
+    // Scaled queries and scores: reused by this thread from call to call (a decode step
+    // makes one call a layer). The fp16 caches' widened rows (S x D) are not kept.
+    thread_local std::vector<float> qf_buf, score_buf;
+    std::vector<float> kbuf, vbuf;
+    if (qf_buf.size() < static_cast<size_t>(group * D)) qf_buf.resize(group * D);
+    if (score_buf.size() < static_cast<size_t>(group * S)) score_buf.resize(group * S);
+    float* qf = qf_buf.data();
+    float* scores = score_buf.data();
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / a.Hkv, hk = item % a.Hkv;
       const bool* mrow = mask ? mask + (mask_rows == 1 ? 0 : b) * S : nullptr;
@@ -230,12 +237,12 @@ void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         for (int64_t d = 0; d < D; ++d) qf[g * D + d] = qrow[d] * a.scale;
       }
       for (int64_t g = 0; g < group; g += 2) {  // heads in pairs: each pass reads K once for two
-        float* sc = scores.data() + g * S;
+        float* sc = scores + g * S;
         if (g + 1 < group) qk_dots<true>(&qf[g * D], &qf[(g + 1) * D], kb, ks, S, D, k_stream && g == 0, sc, sc + S);
         else qk_dots<false>(&qf[g * D], nullptr, kb, ks, S, D, k_stream && g == 0, sc, nullptr);
       }
       for (int64_t g = 0; g < group; ++g) {  // softmax per head (masked keys get weight 0)
-        float* sc = scores.data() + g * S;
+        float* sc = scores + g * S;
         if (mrow)
           for (int64_t s = 0; s < S; ++s)
             if (!mrow[s]) sc[s] = -std::numeric_limits<float>::infinity();
@@ -265,7 +272,7 @@ void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       const bool v_stream = kInPlace;
       float* orow = a.out + b * a.Hq * D + hk * group * D;
       for (int64_t g = 0; g < group; g += 2) {
-        const float* p = scores.data() + g * S;
+        const float* p = scores + g * S;
         if (g + 1 < group) pv_rows<true>(p, p + S, vb, vs, S, D, v_stream && g == 0, orow + g * D, orow + (g + 1) * D);
         else pv_rows<false>(p, nullptr, vb, vs, S, D, v_stream && g == 0, orow + g * D, nullptr);
       }

@@ -41,10 +41,13 @@ int64_t decode_linear_tensors(const std::string& scheme) {
               "'; expected w4a16_prepared, w8a8_prepared, llm_int8_prepared or dense");
 }
 
-at::Tensor run_decode_linear(const DecodeLinear& l, const at::Tensor& x) {
+at::Tensor run_decode_linear(const DecodeLinear& l, const at::Tensor& x, at::Tensor* out) {
+  const bool into = out != nullptr && x.scalar_type() == at::kFloat;
   at::Tensor y;
-  if (l.scheme == "w4a16_prepared") y = w4a16_gemm_prepared(x, l.w[0], l.w[1], l.w[2], l.group_size);
-  else if (l.scheme == "w8a8_prepared") y = w8a8_gemm_prepared(x, l.w[0], l.w[1]);
+  if (l.scheme == "w4a16_prepared")
+    y = into ? w4a16_gemm_prepared_into(x, l.w[0], l.w[1], l.w[2], l.group_size, *out)
+             : w4a16_gemm_prepared(x, l.w[0], l.w[1], l.w[2], l.group_size);
+  else if (l.scheme == "w8a8_prepared") y = into ? w8a8_gemm_prepared_into(x, l.w[0], l.w[1], *out) : w8a8_gemm_prepared(x, l.w[0], l.w[1]);
   else if (l.scheme == "llm_int8_prepared") y = w8a8_outlier_gemm_prepared(x, l.w[0], l.w[1], l.w[2], l.w[3]);
   else y = at::mm(x, l.w[0].to(x.scalar_type()).t());
   if (l.bias.has_value()) y.add_(l.bias->to(y.scalar_type()));
@@ -52,6 +55,24 @@ at::Tensor run_decode_linear(const DecodeLinear& l, const at::Tensor& x) {
 }
 
 namespace {
+
+// The layer's intermediates, kept per thread and reused while their sizes and dtype
+// stay (they change with the batch only): a decode step runs ~24 layers of ~20 small
+// tensors each, and an allocation there cost ~1-2 us (cold allocator metadata).
+enum ScratchSlot { kH, kQkv, kQ, kA, kH2, kGu, kAct, kDown, kSlots };
+at::Tensor& layer_scratch(ScratchSlot slot, at::IntArrayRef sizes, const at::TensorOptions& options) {
+  thread_local at::Tensor tensors[kSlots];
+  at::Tensor& t = tensors[slot];
+  if (!t.defined() || t.sizes() != sizes || t.scalar_type() != options.dtype().toScalarType()) t = at::empty(sizes, options);
+  return t;
+}
+
+// y = x W^T for one of the layer's linears, into the slot's scratch when the kernel can
+// write there (int4 / int8 weights, float32 x), else a new tensor.
+at::Tensor linear_into_scratch(ScratchSlot slot, const DecodeLinear& l, const at::Tensor& x) {
+  const bool into = x.scalar_type() == at::kFloat && (l.scheme == "w4a16_prepared" || l.scheme == "w8a8_prepared");
+  return run_decode_linear(l, x, into ? &layer_scratch(slot, {x.size(0), l.w[0].size(0)}, x.options()) : nullptr);
+}
 
 // Rotates q and k heads of one qkv row block (rotate-half convention, products and sum
 // rounded to T as x * cos + rotate_half(x) * sin is), writes q to `q` [B, nq, D] and
@@ -181,26 +202,37 @@ at::Tensor decode_layer_run(const at::Tensor& x_in, const at::Tensor& attn_norm_
   const at::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
   at::Tensor kc = k_cache, vc = v_cache;  // written in place (one slot)
 
-  const at::Tensor h = rms_norm(x, attn_norm_weight, eps);
-  const at::Tensor qkv = run_decode_linear(lin[0], h).contiguous();
+  const int64_t H = x.size(1);
+  at::Tensor& h = layer_scratch(kH, {B, H}, x.options());
+  rms_norm_into(x, attn_norm_weight, eps, h);
+  const at::Tensor qkv = linear_into_scratch(kQkv, lin[0], h).contiguous();
   TORCH_CHECK(qkv.size(1) == (nq + 2 * nkv) * D, "decode_layer: qkv linear gives ", qkv.size(1),
               " features, expected (n_heads + 2 n_kv_heads) * head_dim = ", (nq + 2 * nkv) * D);
-  at::Tensor q = at::empty({B, nq, D}, x.options());
+  at::Tensor& q = layer_scratch(kQ, {B, nq, D}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "decode_layer_rope", [&] {
     if (half_cache) rope_and_store<scalar_t, c10::Half>(qkv, cos, sin, q, kc, vc, pos, nq, nkv);
     else rope_and_store<scalar_t, scalar_t>(qkv, cos, sin, q, kc, vc, pos, nq, nkv);
   });
   const at::Tensor attn = decode_attention(q, kc.narrow(0, 0, B).narrow(2, 0, pos + 1),
                                            vc.narrow(0, 0, B).narrow(2, 0, pos + 1), mask);
-  const at::Tensor a = run_decode_linear(lin[1], attn);
-  auto normed = add_rms_norm(a, x, mlp_norm_weight, eps);
-  const at::Tensor gu = run_decode_linear(lin[2], std::get<0>(normed)).contiguous();
+  const at::Tensor a = linear_into_scratch(kA, lin[1], attn);
+  at::Tensor& h2 = layer_scratch(kH2, {B, H}, x.options());
+  at::Tensor out = at::empty({B, H}, x.options());  // x + attention: the residual stream, returned
+  add_rms_norm_into(a, x, mlp_norm_weight, eps, h2, out);
+  const at::Tensor gu = linear_into_scratch(kGu, lin[2], h2).contiguous();
   TORCH_CHECK(gu.size(1) % 2 == 0, "decode_layer: gate_up linear gives an odd feature count ", gu.size(1));
-  at::Tensor act = at::empty({B, gu.size(1) / 2}, x.options());
+  at::Tensor& act = layer_scratch(kAct, {B, gu.size(1) / 2}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "decode_layer_silu",
                                   [&] { silu_mul<scalar_t>(gu, act); });
-  at::Tensor out = std::get<1>(normed);
-  out.add_(run_decode_linear(lin[3], act));
+  const at::Tensor down = linear_into_scratch(kDown, lin[3], act);
+  TORCH_CHECK(down.sizes() == out.sizes(), "decode_layer: down linear gives ", down.sizes(), ", expected ", out.sizes());
+  if (x.scalar_type() == at::kFloat && down.is_contiguous()) {  // out += down (an ATen add costs ~5 us here)
+    float* o = out.data_ptr<float>();
+    const float* d = down.data_ptr<float>();
+    for (int64_t i = 0; i < B * H; ++i) o[i] += d[i];
+  } else {
+    out.add_(down);
+  }
   return out;
 }
 

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "cpu/simd_common.h"
 
@@ -59,6 +60,43 @@ inline void row_to_float(const at::Tensor& x, int64_t m, float* dst) {
     default: TORCH_CHECK(false, "compress: activations must be float32, bfloat16 or float16, got ", x.scalar_type());
   }
 }
+
+// The `_into` entry points write y into `out`: fp32 x, out fp32 [M, N] and contiguous.
+inline void check_float_out(const char* op, const at::Tensor& x, int64_t N, const at::Tensor& out) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat && out.dim() == 2 &&
+                  out.size(0) == x.size(0) && out.size(1) == N && out.is_contiguous(),
+              op, ": needs float32 x and a contiguous float32 out [", x.size(0), ", ", N, "]; got x ",
+              x.scalar_type(), ", out ", out.scalar_type(), " ", out.sizes());
+}
+
+// Workspace memory reused from call to call on the calling thread. A decode step makes
+// ~100 kernel calls that each need a few KiB of workspace; an at::empty per call cost
+// ~1-2 us there (glibc malloc, its metadata cold after the weights streamed through the
+// caches). `slot` keeps apart users whose workspaces are live at the same time (one per
+// kernel). Requests above kMaxBytes (a long prefill) get their own allocation, so no
+// thread keeps a large buffer. The memory is not initialised.
+class Scratch {
+ public:
+  enum Slot : int { kW4 = 0, kW8 = 1, kSlots = 2 };
+  static constexpr int64_t kMaxBytes = 1 << 20;
+
+  Scratch(Slot slot, int64_t bytes) {
+    if (bytes <= kMaxBytes) {
+      thread_local std::vector<uint8_t> buffers[kSlots];
+      std::vector<uint8_t>& buf = buffers[slot];
+      if (static_cast<int64_t>(buf.size()) < bytes) buf = std::vector<uint8_t>(bytes);
+      data_ = buf.data();
+    } else {
+      owned_ = at::empty({bytes}, at::kByte);
+      data_ = owned_.data_ptr<uint8_t>();
+    }
+  }
+  uint8_t* data() const { return data_; }
+
+ private:
+  at::Tensor owned_;
+  uint8_t* data_ = nullptr;
+};
 
 // Splits an [M, N] output into (m-block, n-block) work items for at::parallel_for
 // with the m-block index fastest, so one thread keeps one weight n-block hot in its

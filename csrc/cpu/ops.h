@@ -22,6 +22,17 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const c10::optional<at::Tensor>& mask);
 
+// The same ops writing into caller-owned tensors (decode_layer reuses its intermediates
+// from call to call instead of allocating ~20 tensors a layer). The GEMMs take float32
+// x and a contiguous float32 out [M, N]; the norms outputs of x's sizes and dtype.
+at::Tensor& w4a16_gemm_prepared_into(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                                     const at::Tensor& zeros, int64_t group_size, at::Tensor& out);
+at::Tensor& w8a8_gemm_prepared_into(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& weight_scale,
+                                    at::Tensor& out);
+void rms_norm_into(const at::Tensor& x, const at::Tensor& weight, double eps, at::Tensor& y);
+void add_rms_norm_into(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps,
+                       at::Tensor& y, at::Tensor& sum);
+
 // One of a decoder layer's four linears as decode_layer runs it (decode_layer.cpp).
 struct DecodeLinear {
   std::string scheme;  // w4a16_prepared, w8a8_prepared, llm_int8_prepared or dense
@@ -31,8 +42,9 @@ struct DecodeLinear {
 };
 // How many tensors a linear of `scheme` takes (an error naming the scheme if unknown).
 int64_t decode_linear_tensors(const std::string& scheme);
-// y = x W^T (+ bias) for one linear, in x's dtype.
-at::Tensor run_decode_linear(const DecodeLinear& l, const at::Tensor& x);
+// y = x W^T (+ bias) for one linear, in x's dtype. With `out` (float32 [M, N],
+// contiguous) and float32 x, the int4 / int8 schemes write into it and return it.
+at::Tensor run_decode_linear(const DecodeLinear& l, const at::Tensor& x, at::Tensor* out = nullptr);
 // Checks and splits decode_layer's linear arguments (pointing into `weights`).
 std::vector<DecodeLinear> decode_linears(const std::vector<std::string>& schemes, const std::vector<int64_t>& group_sizes,
                                          const std::vector<at::Tensor>& weights,

@@ -97,13 +97,18 @@ void check(const char* op, const at::Tensor& x, const at::Tensor& w) {
               x.scalar_type());
 }
 
+// `y_out` / `sum_out`: where to write (x's sizes and dtype, contiguous), else new tensors.
 std::tuple<at::Tensor, at::Tensor> run(const at::Tensor& x_in, const at::Tensor* res_in, const at::Tensor& w_in,
-                                       double eps) {
+                                       double eps, at::Tensor* y_out = nullptr, at::Tensor* sum_out = nullptr) {
   const at::Tensor x = x_in.contiguous(), w = w_in.contiguous();
   const at::Tensor res = res_in ? res_in->contiguous() : at::Tensor();
   const int64_t k = x.size(-1), m = k ? x.numel() / k : 0;
-  at::Tensor y = at::empty_like(x);
-  at::Tensor sum = res_in ? at::empty_like(x) : at::Tensor();
+  for (const at::Tensor* o : {y_out, sum_out})
+    TORCH_CHECK(o == nullptr || (o->sizes() == x.sizes() && o->scalar_type() == x.scalar_type() && o->is_contiguous()),
+                "rms_norm: an output must be contiguous with x's sizes ", x.sizes(), " and dtype ", x.scalar_type(),
+                ", got ", o->sizes(), " ", o->scalar_type());
+  at::Tensor y = y_out ? *y_out : at::empty_like(x);
+  at::Tensor sum = res_in ? (sum_out ? *sum_out : at::empty_like(x)) : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
     norm_rows<scalar_t>(x.data_ptr<scalar_t>(), res_in ? res.data_ptr<scalar_t>() : nullptr, w.data_ptr<scalar_t>(),
                         y.data_ptr<scalar_t>(), res_in ? sum.data_ptr<scalar_t>() : nullptr, m, k,
@@ -126,6 +131,20 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
               "add_rms_norm: residual ", residual.sizes(), " ", residual.scalar_type(), " must match x ", x.sizes(),
               " ", x.scalar_type());
   return run(x, &residual, weight, eps);
+}
+
+void rms_norm_into(const at::Tensor& x, const at::Tensor& weight, double eps, at::Tensor& y) {
+  check("rms_norm", x, weight);
+  run(x, nullptr, weight, eps, &y);
+}
+
+void add_rms_norm_into(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps,
+                       at::Tensor& y, at::Tensor& sum) {
+  check("add_rms_norm", x, weight);
+  TORCH_CHECK(residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type(),
+              "add_rms_norm: residual ", residual.sizes(), " ", residual.scalar_type(), " must match x ", x.sizes(),
+              " ", x.scalar_type());
+  run(x, &residual, weight, eps, &y, &sum);
 }
 
 }  // namespace compress_cpu

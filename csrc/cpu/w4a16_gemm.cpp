@@ -103,29 +103,34 @@ at::Tensor w4_dequant_mm(const at::Tensor& x, const at::Tensor& qweight, const f
   return out;
 }
 
-// The shared body of both entry points; `scale` is fp32 and `zeros` uint8, both [N, NG].
+// The shared body of the entry points; `scale` is fp32 and `zeros` uint8, both [N, NG].
 // `tiled`: qweight is in the prepared row tiling (w4a16_gemm_prepared), else canonical.
+// `out`: where to write y (fp32 x only; w4a16_gemm_prepared_into), else a new tensor.
 at::Tensor w4a16_run(const at::Tensor& x_in, const at::Tensor& qweight_in,
-                     const at::Tensor& scale, const at::Tensor& zeros, int64_t G, bool tiled) {
+                     const at::Tensor& scale, const at::Tensor& zeros, int64_t G, bool tiled,
+                     at::Tensor* out = nullptr) {
   const int64_t M = x_in.size(0), K = x_in.size(1), N = qweight_in.size(0), NG = K / G;
   const at::Tensor x = x_in.contiguous(), qweight = qweight_in.contiguous();
-  if (M == 0 || N == 0) return at::zeros({M, N}, x.options());
+  if (M == 0 || N == 0) return out ? out->zero_() : at::zeros({M, N}, x.options());
   const float* s = scale.data_ptr<float>();
   const uint8_t* z = zeros.data_ptr<uint8_t>();
   const int64_t N4 = tiled && K % kChunk == 0 ? N - N % kTileRows : 0;
-  if (G % kBlock != 0) return w4_dequant_mm(x, qweight, s, z, G, N4).to(x.scalar_type());
+  if (G % kBlock != 0) {
+    at::Tensor y = w4_dequant_mm(x, qweight, s, z, G, N4);
+    return out ? out->copy_(y) : y.to(x.scalar_type());
+  }
 
   const int64_t KC = ceil_div(K, kChunk);
   // One workspace for the quantized activations (int8 [M, KC*64]), their lane scales
   // (fp32 [M, KC*8]) and group sums (fp32 [M, NG]): a decode step makes ~100 of these calls.
   const int64_t xq_bytes = M * KC * kChunk, xs_floats = M * KC * 8;
-  at::Tensor work = at::empty({xq_bytes + 4 * (xs_floats + M * NG)}, x.options().dtype(at::kByte));
-  int8_t* xq = reinterpret_cast<int8_t*>(work.data_ptr<uint8_t>());
-  float* xs = reinterpret_cast<float*>(work.data_ptr<uint8_t>() + xq_bytes);  // xq_bytes % 64 == 0
+  const Scratch work(Scratch::kW4, xq_bytes + 4 * (xs_floats + M * NG));
+  int8_t* xq = reinterpret_cast<int8_t*>(work.data());
+  float* xs = reinterpret_cast<float*>(work.data() + xq_bytes);  // xq_bytes % 64 == 0
   float* xg = xs + xs_floats;
   quantize_activations(x, G, KC, xq, xs, xg);
 
-  at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
+  at::Tensor y = out ? *out : at::empty({M, N}, x.options().dtype(at::kFloat));
   W4Args a{M, N, K, G, KC, NG, N4, reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>()), s, z,
            xq, xs, xg, y.data_ptr<float>()};
   void (*kernel)(const W4Args&, int64_t, int64_t, int64_t, int64_t) = w4_scalar;
@@ -172,6 +177,17 @@ at::Tensor w4a16_gemm_prepared(const at::Tensor& x, const at::Tensor& qweight, c
               "w4a16_gemm_prepared: scale must be contiguous float32 and zeros contiguous uint8 "
               "(see w4a16_prepare_cpu), got ", scale.scalar_type(), " and ", zeros.scalar_type());
   return w4a16_run(x, qweight, scale, zeros, group_size, /*tiled=*/true);
+}
+
+at::Tensor& w4a16_gemm_prepared_into(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                                     const at::Tensor& zeros, int64_t group_size, at::Tensor& out) {
+  check_w4_args("w4a16_gemm_prepared_into", x, qweight, scale, zeros, group_size);
+  check_float_out("w4a16_gemm_prepared_into", x, qweight.size(0), out);
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && zeros.scalar_type() == at::kByte && scale.is_contiguous() &&
+                  zeros.is_contiguous(),
+              "w4a16_gemm_prepared_into: scale must be contiguous float32 and zeros contiguous uint8");
+  w4a16_run(x, qweight, scale, zeros, group_size, /*tiled=*/true, &out);
+  return out;
 }
 
 }  // namespace compress_cpu

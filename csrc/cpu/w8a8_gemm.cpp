@@ -18,6 +18,12 @@ at::Tensor w8a8_gemm_prepared(const at::Tensor& x, const at::Tensor& qweight, co
   return w8::run(x, qweight, weight_scale, nullptr, nullptr, /*tiled=*/true, "w8a8_gemm_prepared");
 }
 
+at::Tensor& w8a8_gemm_prepared_into(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& weight_scale,
+                                    at::Tensor& out) {
+  w8::run(x, qweight, weight_scale, nullptr, nullptr, /*tiled=*/true, "w8a8_gemm_prepared_into", &out);
+  return out;
+}
+
 }  // namespace compress_cpu
 
 TORCH_LIBRARY_IMPL(compress, CPU, m) {

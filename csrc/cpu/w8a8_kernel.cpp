@@ -32,11 +32,15 @@ inline void quantize_rows(const at::Tensor& x, const int64_t* idx, int64_t C, in
                           uint8_t* ax, float* sx, float* xo) {
   const int64_t M = x.size(0), K = x.size(1);
   const bool avx2 = active_isa() >= Isa::Avx2;
+  // fp32 rows without outlier columns are read in place (quantize_row writes to its row
+  // only to zero the outlier columns); the others are copied to fp32 first.
+  const bool in_place = x.scalar_type() == at::kFloat && C == 0;
   at::parallel_for(0, M, 8, [&](int64_t m0, int64_t m1) {
-    std::vector<float> row(K);
+    std::vector<float> buf(in_place ? 0 : K);
     for (int64_t m = m0; m < m1; ++m) {
-      row_to_float(x, m, row.data());
-      sx[m] = quantize_row(row.data(), K, idx, C, Kp, avx2, qx + m * Kp, ax + m * Kp, xo + m * C);
+      float* row = in_place ? x.data_ptr<float>() + m * K : buf.data();
+      if (!in_place) row_to_float(x, m, buf.data());
+      sx[m] = quantize_row(row, K, idx, C, Kp, avx2, qx + m * Kp, ax + m * Kp, xo + m * C);
     }
   });
 }
@@ -55,7 +59,8 @@ inline void quantize_rows(const at::Tensor& x, const int64_t* idx, int64_t C, in
 
 // Runs the whole op: quantize, tiles over the intra-op pool, cast to x's dtype.
 at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::Tensor& wscale_in,
-               const at::Tensor* outlier_idx, const at::Tensor* outlier_weight, bool tiled, const char* op) {
+               const at::Tensor* outlier_idx, const at::Tensor* outlier_weight, bool tiled, const char* op,
+               at::Tensor* out) {
   TORCH_CHECK(x_in.dim() == 2, op, ": x must be 2-D [M, K], got ", x_in.sizes());
   TORCH_CHECK(qweight_in.dim() == 2 && qweight_in.scalar_type() == at::kChar, op, ": qweight must be int8 [N, K]");
   const int64_t M = x_in.size(0), K = x_in.size(1), N = qweight_in.size(0);
@@ -77,14 +82,15 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
       idx[c] = ip[c] < 0 ? ip[c] + K : ip[c];
     }
   }
-  if (M == 0 || N == 0) return at::zeros({M, N}, x.options());
+  if (out) check_float_out(op, x, N, *out);
+  if (M == 0 || N == 0) return out ? out->zero_() : at::zeros({M, N}, x.options());
   const int64_t Kp = ceil_div(std::max<int64_t>(K, 1), kPad) * kPad;
   // One workspace (a decode step makes ~100 of these calls): int8 activations and their
   // |values| [M, Kp] each (Kp % 64 == 0), per-row scales [M], gathered outliers [M, C].
-  at::Tensor work = at::empty({2 * M * Kp + 4 * M * (1 + C)}, x.options().dtype(at::kByte));
-  int8_t* qx = reinterpret_cast<int8_t*>(work.data_ptr<uint8_t>());
-  uint8_t* ax = work.data_ptr<uint8_t>() + M * Kp;
-  float* sx = reinterpret_cast<float*>(work.data_ptr<uint8_t>() + 2 * M * Kp);
+  const Scratch work(Scratch::kW8, 2 * M * Kp + 4 * M * (1 + C));
+  int8_t* qx = reinterpret_cast<int8_t*>(work.data());
+  uint8_t* ax = work.data() + M * Kp;
+  float* sx = reinterpret_cast<float*>(work.data() + 2 * M * Kp);
   float* xo = sx + M;
   quantize_rows(x, C ? idx.data() : nullptr, C, Kp, qx, ax, sx, xo);
   // Fused outliers. M = 1 (decode): the tile epilogue adds each output's C-long dot
@@ -95,7 +101,7 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
   // time against 1.11x for the per-output epilogue; at M = 1 the epilogue stays ahead
   // (1.08x against 1.19x for the addmm).
   const bool epilogue_outliers = C != 0 && M == 1;
-  at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
+  at::Tensor y = out ? *out : at::empty({M, N}, x.options().dtype(at::kFloat));
   const int64_t N4 = tiled && K % kTileChunk == 0 ? N - N % kTileRows : 0;
   Args a{M, N, K, Kp, N4, qweight.data_ptr<int8_t>(), wscale.data_ptr(), scale_type_of(wscale),
          qx, ax, sx, epilogue_outliers ? C : 0, xo, epilogue_outliers ? ow.data_ptr() : nullptr,

@@ -12,7 +12,8 @@ namespace w8 {
 // same pass, and returns [M, N] in x's dtype. `tiled`: qweight is in the load-time row
 // tiling (reference.w8a8_tile_cpu), else canonical [N, K].
 at::Tensor run(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& weight_scale,
-               const at::Tensor* outlier_idx, const at::Tensor* outlier_weight, bool tiled, const char* op);
+               const at::Tensor* outlier_idx, const at::Tensor* outlier_weight, bool tiled, const char* op,
+               at::Tensor* out = nullptr);
 
 }  // namespace w8
 }  // namespace compress_cpu
