@@ -180,6 +180,9 @@ def run(args, log=print) -> dict:
                     runners.append(("compress", scheme, b, _streamed_bytes(llm.model),
                                     compress_runner(llm, b, args.prompt_len, args.new_tokens), kv_name))
     hf = args.hf
+    need_hf = sorted(engines & {"llamacpp", "transformers"})
+    if need_hf and not hf:
+        log(f"# skipped {' and '.join(need_hf)}: they run the dense source model, pass it with --hf DIR")
     if hf and "transformers" in engines:
         from transformers import AutoModelForCausalLM
         for dt in args.hf_dtypes:

@@ -53,6 +53,19 @@ def test_decode_ratios_pair_engines_by_bit_width_and_batch():
     ]
 
 
+def test_model_bench_says_which_engines_need_hf(tiny_llama_dir):
+    """Without --hf the llama.cpp and transformers engines cannot run; the log says so
+    instead of leaving them out silently (both are in the default --engines)."""
+    log = []
+    a = _parser().parse_args(["bench", "model", str(tiny_llama_dir), "--batch", "1", "--prompt-len", "4",
+                              "--new-tokens", "2", "--reps", "1", "--threads", "1", "--bandwidth-mib", "8",
+                              "--kv-cache-dtypes", "model"])
+    from compress.bench import model
+    result = model.run(a, log=log.append)
+    assert "# skipped llamacpp and transformers: they run the dense source model, pass it with --hf DIR" in log
+    assert {r["engine"] for r in result["records"]} == {"compress"}
+
+
 def test_model_bench_alternates_engines_and_writes_records(tmp_path, tiny_llama_dir):
     """compress (exact and float16 KV cache) and transformers on a tiny model, two rounds:
     one record per engine x scheme x KV cache x batch, medians of both rounds, bandwidth
