@@ -86,12 +86,11 @@ int cpk_emu_w4a16(int isa, const float* x, int64_t M, int64_t K, const uint8_t* 
 // x fp32 [M, K], w int8 [N, K] (rows [0, N4) row-tiled), ws [N] of scale type wst
 // (0 fp32, 1 fp16, 2 bf16), C outlier columns idx (in range) with weights ow [N, C] of
 // type owt, y fp32 [M, N]. isa as above. As w8::run: at M = 1 the tiles' epilogue adds
-// the outlier products; at M > 1 the tiles run without them and the gathered outlier
-// activations go to xo_out [M, C], for the caller to add xo_out @ ow^T as run's
-// at::addmm_ does.
+// the outlier products; at M > 1 the tiles run without them and outlier_products_*
+// adds them after (the AVX2 form for the AVX2 and VNNI paths, as on those CPUs).
 int cpk_emu_w8a8(int isa, const float* x, int64_t M, int64_t K, const int8_t* w, int64_t N, int64_t N4,
                  const void* ws, int wst, const int64_t* idx, int64_t C, const void* ow, int owt, int64_t nb,
-                 float* y, float* xo_out) {
+                 float* y) {
   if (M < 1 || N < 1 || K < 1 || C < 0 || nb < 4 || nb % 4 != 0) return -1;
   if (N4 != 0 && (N4 != N - N % w8::kTileRows || K % w8::kTileChunk != 0)) return -1;
   const int64_t Kp = ceil_div(K, w8::kPad) * w8::kPad;
@@ -104,7 +103,6 @@ int cpk_emu_w8a8(int isa, const float* x, int64_t M, int64_t K, const int8_t* w,
                              ax.data() + m * Kp, xo.data() + m * C);
   }
   const bool epilogue_outliers = C != 0 && M == 1;
-  if (C && !epilogue_outliers) std::copy(xo.begin(), xo.end(), xo_out);
   const w8::Args a{M, N, K, Kp, N4, w, ws, static_cast<ScaleType>(wst), qx.data(), ax.data(), sx.data(),
                    epilogue_outliers ? C : 0, xo.data(), epilogue_outliers ? ow : nullptr,
                    static_cast<ScaleType>(owt), y};
@@ -113,6 +111,13 @@ int cpk_emu_w8a8(int isa, const float* x, int64_t M, int64_t K, const int8_t* w,
     else if (isa == kIsaAvx2) w8::block_avx2(a, m0, m1, n0, n1);
     else w8::block_vnni(a, m0, m1, n0, n1);
   });
+  if (C && !epilogue_outliers) {
+    w8::Args b = a;
+    b.C = C, b.ow = ow, b.owt = static_cast<ScaleType>(owt);
+    std::vector<float> panel(8 * C);
+    if (isa == kIsaScalar) w8::outlier_products_scalar(b, 0, N);
+    else w8::outlier_products_avx2(b, 0, N, panel.data());
+  }
   return 0;
 }
 
