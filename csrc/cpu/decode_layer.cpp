@@ -47,7 +47,8 @@ at::Tensor run_decode_linear(const DecodeLinear& l, const at::Tensor& x, at::Ten
   if (l.scheme == "w4a16_prepared")
     y = into ? w4a16_gemm_prepared_into(x, l.w[0], l.w[1], l.w[2], l.group_size, *out)
              : w4a16_gemm_prepared(x, l.w[0], l.w[1], l.w[2], l.group_size);
-  else if (l.scheme == "w8a8_prepared") y = into ? w8a8_gemm_prepared_into(x, l.w[0], l.w[1], *out) : w8a8_gemm_prepared(x, l.w[0], l.w[1]);
+  else if (l.scheme == "w8a8_prepared")
+    y = into ? w8a8_gemm_prepared_into(x, l.w[0], l.w[1], *out) : w8a8_gemm_prepared(x, l.w[0], l.w[1]);
   else if (l.scheme == "llm_int8_prepared") y = w8a8_outlier_gemm_prepared(x, l.w[0], l.w[1], l.w[2], l.w[3]);
   else y = at::mm(x, l.w[0].to(x.scalar_type()).t());
   if (l.bias.has_value()) y.add_(l.bias->to(y.scalar_type()));

@@ -74,7 +74,7 @@ inline void check_float_out(const char* op, const at::Tensor& x, int64_t N, cons
 // ~1-2 us there (glibc malloc, its metadata cold after the weights streamed through the
 // caches). `slot` keeps apart users whose workspaces are live at the same time (one per
 // kernel). Requests above kMaxBytes (a long prefill) get their own allocation, so no
-// thread keeps a large buffer. The memory is not initialised.
+// thread keeps a large buffer. The contents are whatever the last call left.
 class Scratch {
  public:
   enum Slot : int { kW4 = 0, kW8 = 1, kSlots = 2 };

@@ -156,6 +156,14 @@ void check_w4_args(const char* op, const at::Tensor& x, const at::Tensor& qweigh
               ": scales/zeros must be [N, K/group_size]");
 }
 
+// The prepared entry points take the load-time fp32 scales and uint8 zero points.
+void check_prepared_metadata(const char* op, const at::Tensor& scale, const at::Tensor& zeros) {
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && zeros.scalar_type() == at::kByte && scale.is_contiguous() &&
+                  zeros.is_contiguous(),
+              op, ": scale must be contiguous float32 and zeros contiguous uint8 (see w4a16_prepare_cpu), got ",
+              scale.scalar_type(), " and ", zeros.scalar_type());
+}
+
 }  // namespace
 
 // Canonical checkpoint tensors (scales fp32/fp16/bf16, zeros uint8): converted to the
@@ -172,20 +180,15 @@ at::Tensor w4a16_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::
 at::Tensor w4a16_gemm_prepared(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                                const at::Tensor& zeros, int64_t group_size) {
   check_w4_args("w4a16_gemm_prepared", x, qweight, scale, zeros, group_size);
-  TORCH_CHECK(scale.scalar_type() == at::kFloat && zeros.scalar_type() == at::kByte && scale.is_contiguous() &&
-                  zeros.is_contiguous(),
-              "w4a16_gemm_prepared: scale must be contiguous float32 and zeros contiguous uint8 "
-              "(see w4a16_prepare_cpu), got ", scale.scalar_type(), " and ", zeros.scalar_type());
+  check_prepared_metadata("w4a16_gemm_prepared", scale, zeros);
   return w4a16_run(x, qweight, scale, zeros, group_size, /*tiled=*/true);
 }
 
 at::Tensor& w4a16_gemm_prepared_into(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                                      const at::Tensor& zeros, int64_t group_size, at::Tensor& out) {
   check_w4_args("w4a16_gemm_prepared_into", x, qweight, scale, zeros, group_size);
+  check_prepared_metadata("w4a16_gemm_prepared_into", scale, zeros);
   check_float_out("w4a16_gemm_prepared_into", x, qweight.size(0), out);
-  TORCH_CHECK(scale.scalar_type() == at::kFloat && zeros.scalar_type() == at::kByte && scale.is_contiguous() &&
-                  zeros.is_contiguous(),
-              "w4a16_gemm_prepared_into: scale must be contiguous float32 and zeros contiguous uint8");
   w4a16_run(x, qweight, scale, zeros, group_size, /*tiled=*/true, &out);
   return out;
 }
