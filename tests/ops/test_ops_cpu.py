@@ -349,6 +349,34 @@ def test_decode_layer_matches_reference(isa, scheme, dtype, masked, kv_half):
         assert sqnr_db(want_cache[:3, :, pos], got_cache[:3, :, pos]) > min(floor, 30)
 
 
+@pytest.mark.parametrize("scheme", ["w4a16_prepared", "w8a8_prepared"])
+def test_decode_layer_results_outlive_the_next_call(scheme):
+    """decode_layer reuses its intermediates from call to call on a thread: what it
+    returns must be a tensor of its own, untouched by the next call (another batch size
+    in between, which reallocates the intermediates)."""
+    first = torch.ops.compress.decode_layer(*decode_layer_case(scheme, b=3))
+    kept = first.clone()
+    for b in (3, 2, 3):
+        other = torch.ops.compress.decode_layer(*decode_layer_case(scheme, b=b))
+        assert other.data_ptr() != first.data_ptr()
+    assert torch.equal(first, kept)
+
+
+def test_gemm_workspaces_past_the_reused_buffer():
+    """Workspaces over Scratch's 1 MiB come from their own allocation: a call that needs
+    one (M = 300, K = 4096) between two small ones, each against the reference."""
+    qweight, scales, zeros = make_int4(8, 4096, 128)
+    qt, s32, z8 = reference.w4a16_prepare_cpu(qweight, scales, zeros)
+    q8, ws = make_int8(8, 4096)
+    q8t = reference.w8a8_tile_cpu(q8)
+    for m in (2, 300, 2):
+        x = torch.randn(m, 4096)
+        got4 = torch.ops.compress.w4a16_gemm_prepared(x, qt, s32, z8, 128)
+        assert sqnr_db(reference.w4a16_gemm(x, qweight, scales, zeros, 128), got4) > 30
+        got8 = torch.ops.compress.w8a8_gemm_prepared(x, q8t, ws)
+        assert sqnr_db(reference.w8a8_gemm(x, q8, ws), got8) > 35
+
+
 def test_decode_layer_rejects_bad_arguments():
     args = list(decode_layer_case("w8a8_prepared"))
     with pytest.raises(RuntimeError, match="unknown linear scheme 'int3'"):
