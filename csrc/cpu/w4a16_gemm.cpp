@@ -72,8 +72,8 @@ void w4_avx512vnni(const W4Args& a, int64_t m0, int64_t m1, int64_t n0, int64_t 
 }
 #pragma GCC pop_options
 
-// Exact fallback for group sizes that are not a multiple of 32: dequantize n-blocks to
-// fp32 (w = u * s - s * z) and multiply with at::mm.
+// Exact fallback for the group sizes the tiles do not take (neither 32 nor a multiple of
+// 64): dequantize n-blocks to fp32 (w = u * s - s * z) and multiply with at::mm.
 at::Tensor w4_dequant_mm(const at::Tensor& x, const at::Tensor& qweight, const float* s, const uint8_t* z,
                          int64_t G, int64_t N4) {
   const int64_t N = qweight.size(0), K = x.size(1), NG = K / G;
@@ -115,7 +115,9 @@ at::Tensor w4a16_run(const at::Tensor& x_in, const at::Tensor& qweight_in,
   const float* s = scale.data_ptr<float>();
   const uint8_t* z = zeros.data_ptr<uint8_t>();
   const int64_t N4 = tiled && K % kChunk == 0 ? N - N % kTileRows : 0;
-  if (G % kBlock != 0) {
+  // The tiles take groups of 32 (two to a 64-k chunk) or of a multiple of 64 (whole
+  // chunks); other sizes (16, 96, 160, ...) go through the exact dequantizing path.
+  if (G % kBlock != 0 || (G != kBlock && G % kChunk != 0)) {
     at::Tensor y = w4_dequant_mm(x, qweight, s, z, G, N4);
     return out ? out->copy_(y) : y.to(x.scalar_type());
   }

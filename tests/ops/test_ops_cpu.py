@@ -107,11 +107,18 @@ def test_w4a16_scale_dtypes_and_odd_group(isa, scale_dtype):
     x = torch.randn(3, 96)
     ref = reference.w4a16_gemm(x, qweight, scales, zeros, 32)
     assert sqnr_db(ref, torch.ops.compress.w4a16_gemm(x, qweight, scales, zeros, 32)) > 35
-    # group 16 is not a multiple of 32: exact fp32 dequantize path
-    qweight, scales, zeros = make_int4(10, 96, 16, scale_dtype)
-    ref = reference.w4a16_gemm(x, qweight, scales, zeros, 16)
-    torch.testing.assert_close(torch.ops.compress.w4a16_gemm(x, qweight, scales, zeros, 16), ref,
-                               rtol=1e-4, atol=1e-4)
+    # groups the tiles do not take (16; 96 and 160, multiples of 32 but not of 64, which
+    # the tiles once took and got wrong): the exact fp32 dequantize path, canonical and
+    # prepared
+    for group, k in ((16, 96), (96, 192), (160, 320)):
+        qweight, scales, zeros = make_int4(10, k, group, scale_dtype)
+        x = torch.randn(3, k)
+        ref = reference.w4a16_gemm(x, qweight, scales, zeros, group)
+        torch.testing.assert_close(torch.ops.compress.w4a16_gemm(x, qweight, scales, zeros, group), ref,
+                                   rtol=1e-4, atol=1e-4)
+        prepared = reference.w4a16_prepare_cpu(qweight, scales, zeros)
+        torch.testing.assert_close(torch.ops.compress.w4a16_gemm_prepared(x, *prepared, group), ref,
+                                   rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("m,n,k,group", [(9, 37, 320, 64), (1, 13, 96, 32), (4, 8, 1024, 128)])

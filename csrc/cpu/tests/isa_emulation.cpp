@@ -63,7 +63,8 @@ extern "C" {
 // for 1 and 2, as on those CPUs). Returns 0, or -1 for arguments the tiles do not take.
 int cpk_emu_w4a16(int isa, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int64_t N4,
                   int64_t G, const float* s, const uint8_t* z, int64_t nb, float* y) {
-  if (M < 1 || N < 1 || G % w4::kBlock != 0 || K % G != 0 || nb < 4 || nb % 4 != 0) return -1;
+  if (M < 1 || N < 1 || K % G != 0 || nb < 4 || nb % 4 != 0) return -1;
+  if (G != w4::kBlock && G % w4::kChunk != 0) return -1;  // the tiles' group sizes (w4a16_run)
   if (N4 != 0 && (N4 != N - N % w4::kTileRows || K % w4::kChunk != 0)) return -1;
   const int64_t KC = ceil_div(K, w4::kChunk), NG = K / G;
   std::vector<int8_t> xq(M * KC * w4::kChunk);
