@@ -43,7 +43,7 @@ def make_int8(n: int, k: int, seed: int = 0):
 # (M, N, K, group): M odd / 1 / beyond a tile; K == group; N small; K % 64 == 32.
 W4_SHAPES = [(1, 8, 32, 32), (3, 5, 96, 32), (7, 33, 128, 64), (1, 24, 256, 128), (17, 9, 384, 128),
              (5, 70, 192, 64), (66, 12, 64, 64), (2, 3, 4096, 128), (1, 37, 512, 128), (1, 12, 128, 32),
-             (3, 10, 128, 16)]
+             (3, 10, 128, 16), (7, 14, 256, 32)]
 
 
 @pytest.mark.parametrize("shape", W4_SHAPES, ids=lambda s: "x".join(map(str, s)))
