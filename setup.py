@@ -2,7 +2,9 @@
 torch and nvcc exist, ``compress._cuda``. Both register implementations of the
 ``torch.ops.compress`` ops; the Python package works without either (reference ops).
 
-Set COMPRESS_BUILD_CUDA=0 to skip CUDA, =1 to require it.
+Set COMPRESS_BUILD_CUDA=0 to skip CUDA, =1 to require it. COMPRESS_SANITIZE=address builds
+compress._C with AddressSanitizer (run Python with LD_PRELOAD=$(gcc -print-file-name=libasan.so)
+and ASAN_OPTIONS=detect_leaks=0).
 """
 import glob
 import os
@@ -19,6 +21,8 @@ except ImportError:  # metadata-only builds
 
 if torch is not None:
     cpu_sources = sorted(glob.glob("csrc/cpu/*.cpp"))
+    sanitize = os.environ.get("COMPRESS_SANITIZE", "")
+    sanitize_flags = [f"-fsanitize={sanitize}", "-fno-omit-frame-pointer", "-g"] if sanitize else []
     ext_modules.append(CppExtension(
         "compress._C",
         cpu_sources,
@@ -27,8 +31,8 @@ if torch is not None:
         # the FMA-enabled `#pragma GCC target` regions (explicit _mm256_fmadd_ps is
         # unaffected), so every ISA's scalar tails agree with each other, the reference's
         # rounding and the ISA emulation harness (tests/csrc/test_cpu_isa_emulation.py).
-        extra_compile_args={"cxx": ["-O3", "-fopenmp", "-std=c++17", "-ffp-contract=off"]},
-        extra_link_args=["-fopenmp"],
+        extra_compile_args={"cxx": ["-O3", "-fopenmp", "-std=c++17", "-ffp-contract=off"] + sanitize_flags},
+        extra_link_args=["-fopenmp"] + sanitize_flags,
     ))
     want_cuda = os.environ.get("COMPRESS_BUILD_CUDA", "auto")
     has_cuda = torch.version.cuda is not None and CUDA_HOME is not None
@@ -43,13 +47,15 @@ if torch is not None:
                 include_dirs=[os.path.abspath("csrc")],
                 # torch 2.13 headers need C++20 (bindings); the kernels build with either.
                 # sm_80 SASS also runs on sm_86/89; PTX of sm_90 JITs on newer GPUs.
+                # TORCH_CUDA_ARCH_LIST (e.g. "9.0") replaces these targets with torch's flags.
                 extra_compile_args={
                     "cxx": ["-O3", "-std=c++20"],
-                    "nvcc": ["-O3", "-std=c++20", "--expt-relaxed-constexpr",
+                    "nvcc": ["-O3", "-std=c++20", "--expt-relaxed-constexpr"] + ([] if os.environ.get(
+                        "TORCH_CUDA_ARCH_LIST") else [
                              "-gencode=arch=compute_80,code=sm_80",
                              "-gencode=arch=compute_86,code=sm_86",
                              "-gencode=arch=compute_89,code=sm_89",
-                             "-gencode=arch=compute_90,code=[sm_90,compute_90]"],
+                             "-gencode=arch=compute_90,code=[sm_90,compute_90]"]),
                 },
             ))
     cmdclass = {"build_ext": BuildExtension.with_options(use_ninja=True)}

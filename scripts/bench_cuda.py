@@ -6,9 +6,13 @@ M = 1..256 it times, with CUDA events, medians over interleaved repetitions (A B
   cublas_fp16   x @ W.t()                   (dense fp16 weights)
   w4a16         w4a16_gemm_shuffled         (int4 g=128, shuffled once up front)
   w8a8          w8a8_gemm                   (includes the activation-quant kernel)
+  torch_int4    torch._weight_int4pack_mm   (PyTorch's own int4 kernel, bf16, its packing)
 and prints time, achieved GB/s and TFLOP/s, speed-up over cuBLAS, and the roofline
-time max(bytes / bandwidth, flops / peak) of each kernel (defaults: H100 SXM,
-3.35 TB/s, 989 TFLOP/s fp16, 1979 TOP/s int8; override with --bw/--fp16/--int8).
+time max(bytes / bandwidth, flops / peak) of each kernel (bandwidth: a device copy
+measured in the same run; peaks: H100 SXM datasheet 989 TFLOP/s fp16, 1979 TOP/s int8;
+override with --bw/--fp16/--int8). Each kernel cycles through copies of its weights
+totalling >= 256 MB, so they stream from HBM as in a model's forward pass, not from the
+50 MB L2.
 
     python scripts/bench_cuda.py [--m 1 16 256] [--json out.json]
 
@@ -17,15 +21,22 @@ Needs a CUDA GPU and compress._cuda; exits 0 with a message elsewhere.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008), (14336, 4096)]
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 GROUP = 128
+# Each kernel cycles through enough copies of its weights that one pass over them is
+# several times the L2 (50 MB on an H100): M = 1 then streams from HBM, not from L2.
+ROTATE_BYTES = 256e6
 
 
 def time_fns(fns: dict, reps: int, inner: int) -> dict[str, float]:
@@ -46,10 +57,35 @@ def time_fns(fns: dict, reps: int, inner: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def measure_copy_bandwidth(nbytes: int = 1 << 31) -> float:
+    """Device-to-device copy, bytes read + written per second (median of 10)."""
+    src = torch.empty(nbytes // 4, device="cuda", dtype=torch.float32).uniform_()
+    dst = torch.empty_like(src)
+    ms = time_fns({"copy": lambda: dst.copy_(src)}, reps=10, inner=1)["copy"]
+    return 2 * nbytes / (ms * 1e-3)
+
+
+def torch_int4_packing(u: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dev: str):
+    """PyTorch's CUDA int4 kernel (tinygemm) operands for the same weights: (packed,
+    group size, scales-and-zeros). Its dequantization is (q - 8) * s + z, so z = (8 - zero)
+    * s makes it the same matrix. Returns the reason as a string where the op is missing."""
+    try:
+        n, k = u.shape
+        packed_u8 = (u[:, ::2] << 4 | u[:, 1::2]).to(dev)
+        packed = torch._convert_weight_to_int4pack(packed_u8, 8)
+        s = scales.to(torch.bfloat16)
+        z = ((8 - zeros.to(dev).float()) * s.float()).to(torch.bfloat16)
+        sz = torch.stack([s.t(), z.t()], dim=-1).contiguous()
+        return packed, GROUP, sz
+    except (RuntimeError, AttributeError) as e:  # op missing or layout changed in this torch
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--m", type=int, nargs="+", default=BATCHES)
-    ap.add_argument("--bw", type=float, default=3.35e12, help="memory bandwidth, bytes/s")
+    ap.add_argument("--bw", type=float, default=None,
+                    help="memory bandwidth, bytes/s (default: measured here by a 2 GiB device copy)")
     ap.add_argument("--fp16", type=float, default=989e12, help="dense fp16 tensor-core peak, FLOP/s")
     ap.add_argument("--int8", type=float, default=1979e12, help="dense int8 tensor-core peak, OP/s")
     ap.add_argument("--reps", type=int, default=7)
@@ -69,6 +105,8 @@ def main() -> int:
     C = torch.ops.compress
     dt = getattr(torch, args.dtype)
     dev = "cuda"
+    if args.bw is None:
+        args.bw = measure_copy_bandwidth()
     print(f"# {torch.cuda.get_device_name()}  roofline: {args.bw / 1e12:.2f} TB/s, "
           f"{args.fp16 / 1e12:.0f} TFLOP/s fp16, {args.int8 / 1e12:.0f} TOP/s int8")
     head = f"{'N x K':>12} {'M':>4} {'kernel':>12} {'us':>9} {'GB/s':>7} {'TFLOP/s':>8} {'vs cuBLAS':>9} {'roof us':>8} {'% roof':>6}"
@@ -84,20 +122,39 @@ def main() -> int:
         w16 = ref.dequantize_int4(q4, s4, z4, GROUP, dt)
         q8 = torch.randint(-127, 128, (n, k), device=dev, dtype=torch.int8)
         s8 = torch.rand(n, device=dev) * 0.01
+
+        def copies(*ts):
+            nbytes = sum(t.numel() * t.element_size() for t in ts)
+            reps = max(1, int(-(-ROTATE_BYTES // nbytes)))
+            return itertools.cycle([ts] + [tuple(t.clone() for t in ts) for _ in range(reps - 1)])
+
+        w16_sets, w4_sets, w8_sets = copies(w16), copies(qs, st, zt), copies(q8, s8)
+        tinygemm = torch_int4_packing(u, s4, z4, dev)
+        t4_sets = copies(*tinygemm) if isinstance(tinygemm, tuple) else None
+        if not isinstance(tinygemm, tuple):
+            print(f"# torch_int4 skipped for {n}x{k}: {tinygemm}")
         for m in args.m:
             x = torch.randn(m, k, device=dev, dtype=dt)
+            xb = x.to(torch.bfloat16)
             fns = {
-                "cublas_fp16": lambda: x @ w16.t(),
-                "w4a16": lambda: C.w4a16_gemm_shuffled(x, qs, st, zt, GROUP, n),
-                "w8a8": lambda: C.w8a8_gemm(x, q8, s8),
+                "cublas_fp16": lambda: x @ next(w16_sets)[0].t(),
+                "w4a16": lambda: C.w4a16_gemm_shuffled(x, *next(w4_sets), GROUP, n),
+                "w8a8": lambda: C.w8a8_gemm(x, *next(w8_sets)),
             }
+            if t4_sets is not None:
+                fns["torch_int4"] = lambda: torch._weight_int4pack_mm(xb, *next(t4_sets))
+                if m == args.m[0]:  # same matrix as ours? (else its timing would mean little)
+                    want = (x @ w16.t()).float()
+                    err = ((torch._weight_int4pack_mm(xb, *tinygemm).float() - want).norm() / want.norm()).item()
+                    print(f"# torch_int4 {n}x{k}: relative error against the dequantized fp16 product {err:.1e}")
             ms = time_fns(fns, args.reps, args.inner)
             flops = 2.0 * m * n * k
             act = m * k * 2 + m * n * 2
             bytes_ = {"cublas_fp16": n * k * 2 + act,
                       "w4a16": n * k // 2 + (n * k // GROUP) * 3 + act,
-                      "w8a8": n * k + n * 4 + act + m * k * 3}
-            peak = {"cublas_fp16": args.fp16, "w4a16": args.fp16, "w8a8": args.int8}
+                      "w8a8": n * k + n * 4 + act + m * k * 3,
+                      "torch_int4": n * k // 2 + (n * k // GROUP) * 4 + act}
+            peak = {"cublas_fp16": args.fp16, "w4a16": args.fp16, "w8a8": args.int8, "torch_int4": args.fp16}
             for name, t in ms.items():
                 sec = t * 1e-3
                 roof = max(bytes_[name] / args.bw, flops / peak[name])

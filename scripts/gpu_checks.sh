@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Everything the GPU suite needs, in one command, on a machine with an NVIDIA GPU, nvcc
+# and a CUDA build of torch (e.g. a lent device machine; see csrc/README.md):
+#   1. builds compress._C and compress._cuda in place (COMPRESS_BUILD_CUDA=1);
+#   2. runs the GPU suite (the tests marked cuda): the kernels (tests/csrc/test_cuda_ops.py)
+#      and the runtime on CUDA (tests/runtime/test_cuda_runtime.py);
+#   3. if the CPU has AVX-512 VNNI, runs the CPU op tests natively on it;
+#   4. times the CUDA kernels (scripts/bench_cuda.py);
+#   5. cpubench: times the CPU kernels at 2 threads on this CPU;
+#   asan: the CPU op tests against an AddressSanitizer build of compress._C.
+# Logs go to $LOG_DIR (default ./gpu-logs). Usage: scripts/gpu_checks.sh [info|build|test|cpu|asan|bench|cpubench ...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+LOG_DIR=$(mkdir -p "${LOG_DIR:-gpu-logs}" && cd "${LOG_DIR:-gpu-logs}" && pwd)
+PY=${PY:-python3}
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(build test cpu bench)
+status=0
+
+for step in "${steps[@]}"; do
+  case $step in
+    info)
+      { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
+        $PY -c "import torch, sys; print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
+        nvcc --version | tail -1
+        lscpu | grep -E "Model name|^CPU\(s\)"
+        grep -o -w -E "avx512_vnni|avx512f|avx_vnni|avx2" /proc/cpuinfo | sort | uniq -c
+      } 2>&1 | tee "$LOG_DIR/info.log"
+      ;;
+    build)
+      start=$(date +%s)
+      COMPRESS_BUILD_CUDA=1 MAX_JOBS=${MAX_JOBS:-16} $PY setup.py build_ext --inplace >"$LOG_DIR/build.log" 2>&1
+      rc=$?
+      echo "build rc=$rc in $(( $(date +%s) - start )) s"
+      [ $rc -ne 0 ] && { tail -60 "$LOG_DIR/build.log"; exit $rc; }
+      ;;
+    test)
+      $PY -m pytest -p no:cacheprovider -q --maxfail=30 tests/csrc/test_cuda_ops.py tests/runtime/test_cuda_runtime.py 2>&1 | tee "$LOG_DIR/test_cuda.log" | tail -40
+      [ ${PIPESTATUS[0]} -ne 0 ] && status=1
+      ;;
+    cpu)
+      if grep -q -w avx512_vnni /proc/cpuinfo; then
+        $PY -m pytest -p no:cacheprovider -q --maxfail=30 tests/ops tests/csrc/test_cpu_isa_emulation.py \
+          2>&1 | tee "$LOG_DIR/test_cpu_vnni.log" | tail -25
+        [ ${PIPESTATUS[0]} -ne 0 ] && status=1
+      else
+        echo "cpu: no avx512_vnni here, skipped"
+      fi
+      ;;
+    asan)
+      # the CPU op tests against a copy of compress._C built with AddressSanitizer
+      tree=build/asan-tree
+      rm -rf "$tree" && mkdir -p "$tree"
+      tar --exclude=./build --exclude=./.git --exclude=./.venv --exclude='*.so' -cf - . | tar -xf - -C "$tree"
+      (cd "$tree" && COMPRESS_SANITIZE=address COMPRESS_BUILD_CUDA=0 MAX_JOBS=${MAX_JOBS:-16} \
+        $PY setup.py build_ext --inplace >build.log 2>&1) || { tail -30 "$tree/build.log"; exit 1; }
+      (cd "$tree" && LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)" \
+        ASAN_OPTIONS=detect_leaks=0:log_path=$LOG_DIR/asan $PY -m pytest -p no:cacheprovider -q -x \
+        tests/ops/test_ops_cpu.py 2>&1 | tee "$LOG_DIR/test_cpu_asan.log" | tail -15)
+      for f in "$LOG_DIR"/asan.*; do [ -e "$f" ] && { status=1; head -50 "$f"; }; done
+      ;;
+    bench)
+      $PY scripts/bench_cuda.py --json "$LOG_DIR/bench_cuda.json" 2>&1 | tee "$LOG_DIR/bench_cuda.log" | tail -60
+      ;;
+    cpubench)
+      # the CPU kernels at 2 threads on this CPU (VNNI where it has it) against torch
+      $PY -m compress.cli bench kernels --threads 2 --shapes 4096x4096 11008x4096 14336x4096 --m 1 64 256 \
+        --impl compress torch --reps 5 --budget 3 --json "$LOG_DIR/bench_cpu.json" 2>&1 | tee "$LOG_DIR/bench_cpu.log" | tail -40
+      ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done
+exit $status
