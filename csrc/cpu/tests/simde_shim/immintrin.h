@@ -25,8 +25,11 @@
 #endif
 
 // SIMDe 0.8.2 lacks _mm512_reduce_add_epi32: the sum of the 16 int32 lanes (wrapping,
-// as the instruction sequence the compiler emits for it wraps).
-static inline int32_t _mm512_reduce_add_epi32(simde__m512i v) {
+// as the instruction sequence the compiler emits for it wraps). Under its own name, so it
+// does not clash with the compiler's declaration where <x86intrin.h> came first
+// (scripts/check_vnni_emulated.sh).
+#define _mm512_reduce_add_epi32 compress_emu_reduce_add_epi32
+static inline int32_t compress_emu_reduce_add_epi32(simde__m512i v) {
   int32_t lanes[16];
   simde_mm512_storeu_si512(lanes, v);
   uint32_t sum = 0;
