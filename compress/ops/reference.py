@@ -266,6 +266,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """Index of the largest value along the last dim, int64 ``x.shape[:-1]``: the first
+    one on ties, and the first NaN where a row has any (``torch.argmax``'s rule)."""
+    return x.argmax(dim=-1)
+
+
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(rms_norm(x + residual), x + residual)``: a block's residual add and the next norm."""

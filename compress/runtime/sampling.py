@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+import compress.ops  # noqa: F401  (defines torch.ops.compress, argmax_rows among them)
+
 
 @dataclass
 class SamplingParams:
@@ -98,7 +100,7 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
            generators: list[torch.Generator | None], all_greedy: bool = False,
            need_filter: bool = True) -> torch.Tensor:
     """One token per row of fp32 ``logits [B, V]``."""
-    greedy_tokens = logits.argmax(dim=-1)
+    greedy_tokens = torch.ops.compress.argmax_rows(logits)
     if all_greedy:
         return greedy_tokens
     greedy = temperature == 0
@@ -117,5 +119,5 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                 noise[i].exponential_(generator=g)
         if unseeded:
             noise[unseeded] = torch.empty((len(unseeded), probs.shape[1]), device=probs.device).exponential_()
-    sampled = (probs / noise).argmax(dim=-1)
+    sampled = torch.ops.compress.argmax_rows(probs / noise)
     return torch.where(greedy, greedy_tokens, sampled)

@@ -259,6 +259,43 @@ def test_rms_norm_matches_reference(isa, shape, dtype):
     torch.testing.assert_close(y, y_ref, **tol)
 
 
+def argmax_cases() -> list[torch.Tensor]:
+    """Rows whose answer is easy to get wrong: ties (the first wins), NaN (the first NaN
+    wins), infinities, signed zeros, and positions in the vector body and in the tail."""
+    g = torch.Generator().manual_seed(3)
+    cases = [torch.randn(n, generator=g) for n in (1, 7, 8, 31, 32, 33, 100, 32000)]
+    tie = torch.randn(77, generator=g)
+    tie[[5, 40, 76]] = 9.0
+    late_tie = torch.randn(70, generator=g)
+    late_tie[[66, 69]] = 9.0                           # both in the 8-wide tail
+    nan = torch.randn(90, generator=g)
+    nan[[3, 50]] = 9.0
+    nan[[41, 88]] = float("nan")
+    tail_nan = torch.randn(37, generator=g)
+    tail_nan[35] = float("nan")
+    inf = torch.randn(64, generator=g)
+    inf[[10, 20]] = float("inf")
+    cases += [tie, late_tie, nan, tail_nan, inf, torch.full((19,), float("-inf")), torch.tensor([-0.0, 0.0, -0.0]),
+              torch.tensor([0.0, -0.0]), torch.zeros(40)]
+    return cases
+
+
+def test_argmax_rows_matches_torch(isa):
+    for row in argmax_cases():
+        assert int(torch.ops.compress.argmax_rows(row)) == int(row.argmax()), row
+    batch = torch.randn(3, 5, 1000)
+    batch[1, 2, [7, 900]] = 50.0
+    assert torch.equal(torch.ops.compress.argmax_rows(batch), batch.argmax(-1))
+    strided = torch.randn(1000, 6)[:, 1:5].t()             # rows not contiguous
+    assert torch.equal(torch.ops.compress.argmax_rows(strided), strided.argmax(-1))
+    half = torch.randn(4, 300).bfloat16()                  # other dtypes: torch.argmax
+    assert torch.equal(torch.ops.compress.argmax_rows(half), half.argmax(-1))
+    got = torch.ops.compress.argmax_rows(torch.randn(2, 9))
+    assert got.dtype == torch.int64 and got.shape == (2,)
+    with pytest.raises(RuntimeError, match="non-empty last dim"):
+        torch.ops.compress.argmax_rows(torch.randn(3, 0))
+
+
 def test_rms_norm_rejects_mismatched_weight():
     with pytest.raises(RuntimeError, match="weight"):
         torch.ops.compress.rms_norm(torch.randn(2, 8), torch.ones(7), 1e-5)
@@ -412,6 +449,7 @@ def test_opcheck():
         (torch.ops.compress.quantize_per_token_int8.default, (x,)),
         (torch.ops.compress.rms_norm.default, (x, torch.rand(128), 1e-5)),
         (torch.ops.compress.add_rms_norm.default, (x, torch.randn(3, 128), torch.rand(128), 1e-5)),
+        (torch.ops.compress.argmax_rows.default, (x,)),
         (torch.ops.compress.decode_attention.default,
          (torch.randn(2, 4, 16), torch.randn(2, 2, 7, 16), torch.randn(2, 2, 7, 16),
           torch.tensor([[True, False] * 3 + [True]] * 2))),
