@@ -25,6 +25,7 @@ import itertools
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -34,19 +35,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008), (14336, 4096)]
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 GROUP = 128
-# Each kernel cycles through enough copies of its weights that one pass over them is
-# several times the L2 (50 MB on an H100): M = 1 then streams from HBM, not from L2.
-ROTATE_BYTES = 256e6
 
 
-def time_fns(fns: dict, reps: int, inner: int) -> dict[str, float]:
-    """Median milliseconds per call of each fn, repetitions interleaved."""
+def time_fns(fns: dict, reps: int, inner: int, dev: str = "cuda") -> dict[str, float]:
+    """Median milliseconds per call of each fn, repetitions interleaved (CUDA events; a
+    host clock on --device cpu, the dry run that keeps this script tested without a GPU)."""
     times = {k: [] for k in fns}
     for fn in fns.values():  # warm up
         fn()
-    torch.cuda.synchronize()
+    if dev == "cuda":
+        torch.cuda.synchronize()
     for _ in range(reps):
         for name, fn in fns.items():
+            if dev != "cuda":
+                t0 = time.perf_counter()
+                for _ in range(inner):
+                    fn()
+                times[name].append((time.perf_counter() - t0) * 1e3 / inner)
+                continue
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for _ in range(inner):
@@ -57,12 +63,16 @@ def time_fns(fns: dict, reps: int, inner: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def measure_copy_bandwidth(nbytes: int = 1 << 31) -> float:
+def measure_copy_bandwidth(dev: str = "cuda", nbytes: int = 1 << 31) -> float:
     """Device-to-device copy, bytes read + written per second (median of 10)."""
-    src = torch.empty(nbytes // 4, device="cuda", dtype=torch.float32).uniform_()
+    src = torch.empty(nbytes // 4, device=dev, dtype=torch.float32).uniform_()
     dst = torch.empty_like(src)
-    ms = time_fns({"copy": lambda: dst.copy_(src)}, reps=10, inner=1)["copy"]
+    ms = time_fns({"copy": lambda: dst.copy_(src)}, reps=10, inner=1, dev=dev)["copy"]
     return 2 * nbytes / (ms * 1e-3)
+
+
+def int4pack_mm(dev: str):
+    return torch.ops.aten._weight_int4pack_mm if dev == "cuda" else torch.ops.aten._weight_int4pack_mm_for_cpu
 
 
 def torch_int4_packing(u: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dev: str):
@@ -70,20 +80,27 @@ def torch_int4_packing(u: torch.Tensor, scales: torch.Tensor, zeros: torch.Tenso
     group size, scales-and-zeros). Its dequantization is (q - 8) * s + z, so z = (8 - zero)
     * s makes it the same matrix. Returns the reason as a string where the op is missing."""
     try:
-        n, k = u.shape
-        packed_u8 = (u[:, ::2] << 4 | u[:, 1::2]).to(dev)
-        packed = torch._convert_weight_to_int4pack(packed_u8, 8)
+        if dev == "cuda":
+            packed = torch.ops.aten._convert_weight_to_int4pack((u[:, ::2] << 4 | u[:, 1::2]).to(dev), 8)
+        else:  # the dry run: the CPU form of the op, same operands otherwise
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(u.to(torch.int32), 2)
         s = scales.to(torch.bfloat16)
         z = ((8 - zeros.to(dev).float()) * s.float()).to(torch.bfloat16)
         sz = torch.stack([s.t(), z.t()], dim=-1).contiguous()
         return packed, GROUP, sz
-    except (RuntimeError, AttributeError) as e:  # op missing or layout changed in this torch
+    except (RuntimeError, AttributeError, NotImplementedError) as e:  # op missing or changed in this torch
         return f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--m", type=int, nargs="+", default=BATCHES)
+    ap.add_argument("--shapes", nargs="+", default=[f"{n}x{k}" for n, k in SHAPES], help="N x K, e.g. 4096x4096")
+    ap.add_argument("--rotate-mb", type=float, default=256,
+                    help="each kernel cycles through copies of its weights totalling this much (default "
+                         "256 MB, several times an H100's 50 MB L2: M = 1 streams from HBM)")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                    help="cpu: a dry run of this script on the reference / CPU ops (its tests use it)")
     ap.add_argument("--bw", type=float, default=None,
                     help="memory bandwidth, bytes/s (default: measured here by a 2 GiB device copy)")
     ap.add_argument("--fp16", type=float, default=989e12, help="dense fp16 tensor-core peak, FLOP/s")
@@ -93,26 +110,28 @@ def main() -> int:
     ap.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
+    dev = args.device
+    import compress.ops as ops
+    if dev == "cuda" and not torch.cuda.is_available():
         print("bench_cuda: no CUDA device; nothing to measure")
         return 0
-    import compress.ops as ops
-    if not ops.native_available("cuda"):
+    if dev == "cuda" and not ops.native_available("cuda"):
         print("bench_cuda: compress._cuda is not built; nothing to measure")
         return 0
     from compress.ops import reference as ref
 
     C = torch.ops.compress
     dt = getattr(torch, args.dtype)
-    dev = "cuda"
+    shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes]
     if args.bw is None:
-        args.bw = measure_copy_bandwidth()
-    print(f"# {torch.cuda.get_device_name()}  roofline: {args.bw / 1e12:.2f} TB/s, "
+        args.bw = measure_copy_bandwidth(dev)
+    name = torch.cuda.get_device_name() if dev == "cuda" else "CPU dry run"
+    print(f"# {name}  roofline: {args.bw / 1e12:.2f} TB/s, "
           f"{args.fp16 / 1e12:.0f} TFLOP/s fp16, {args.int8 / 1e12:.0f} TOP/s int8")
     head = f"{'N x K':>12} {'M':>4} {'kernel':>12} {'us':>9} {'GB/s':>7} {'TFLOP/s':>8} {'vs cuBLAS':>9} {'roof us':>8} {'% roof':>6}"
     print(head)
     rows = []
-    for n, k in SHAPES:
+    for n, k in shapes:
         g = torch.Generator(device="cpu").manual_seed(0)
         u = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
         q4 = ref.pack_int4(u).to(dev)
@@ -125,12 +144,12 @@ def main() -> int:
 
         def copies(*ts):
             nbytes = sum(t.numel() * t.element_size() for t in ts)
-            reps = max(1, int(-(-ROTATE_BYTES // nbytes)))
+            reps = max(1, int(-(-args.rotate_mb * 1e6 // nbytes)))
             return itertools.cycle([ts] + [tuple(t.clone() for t in ts) for _ in range(reps - 1)])
 
         w16_sets, w4_sets, w8_sets = copies(w16), copies(qs, st, zt), copies(q8, s8)
         tinygemm = torch_int4_packing(u, s4, z4, dev)
-        t4_sets = copies(*tinygemm) if isinstance(tinygemm, tuple) else None
+        t4_sets = copies(tinygemm[0], tinygemm[2]) if isinstance(tinygemm, tuple) else None
         if not isinstance(tinygemm, tuple):
             print(f"# torch_int4 skipped for {n}x{k}: {tinygemm}")
         for m in args.m:
@@ -142,12 +161,13 @@ def main() -> int:
                 "w8a8": lambda: C.w8a8_gemm(x, *next(w8_sets)),
             }
             if t4_sets is not None:
-                fns["torch_int4"] = lambda: torch._weight_int4pack_mm(xb, *next(t4_sets))
+                int4mm = int4pack_mm(dev)
+                fns["torch_int4"] = lambda: int4mm(xb, (t4 := next(t4_sets))[0], GROUP, t4[1])
                 if m == args.m[0]:  # same matrix as ours? (else its timing would mean little)
                     want = (x @ w16.t()).float()
-                    err = ((torch._weight_int4pack_mm(xb, *tinygemm).float() - want).norm() / want.norm()).item()
+                    err = ((int4mm(xb, *tinygemm).float() - want).norm() / want.norm()).item()
                     print(f"# torch_int4 {n}x{k}: relative error against the dequantized fp16 product {err:.1e}")
-            ms = time_fns(fns, args.reps, args.inner)
+            ms = time_fns(fns, args.reps, args.inner, dev)
             flops = 2.0 * m * n * k
             act = m * k * 2 + m * n * 2
             bytes_ = {"cublas_fp16": n * k * 2 + act,
