@@ -183,9 +183,10 @@ class LLM:
         t0 = time.perf_counter()
         logits = runner.prefill([s.prompt_ids for s in seqs], max_len)
         t1 = time.perf_counter()
-        active, steps = list(seqs), 0
+        active, steps, greedy = list(seqs), 0, None
         while True:
-            tokens = sampler(logits).tolist()
+            # all-greedy batches after the first token: the decode step's own argmax
+            tokens = greedy if greedy is not None else sampler(logits).tolist()
             for s, tok in zip(active, tokens):
                 s.append(tok)
                 if runner.length + 1 >= self.max_seq_len:
@@ -198,7 +199,8 @@ class LLM:
                 runner.keep(keep)
                 sampler.keep(keep)
                 active = [active[i] for i in keep]
-            logits = runner.decode(torch.tensor([s.output_ids[-1] for s in active]))
+            logits = runner.decode([s.output_ids[-1] for s in active], greedy=sampler.all_greedy)
+            greedy = runner.greedy_tokens
             steps += 1
         t2 = time.perf_counter()
         metrics.update(batch_size=len(seqs), prompt_tokens=sum(len(s.prompt_ids) for s in seqs),

@@ -21,6 +21,8 @@ class ModelRunner:
         self.cache: KVCache | None = None
         self.length = 0             # slots filled (same for every row)
         self.pad: torch.Tensor | None = None
+        self.pad_list: list[int] = []  # the same left paddings as ints (the one-call decode step's positions)
+        self.greedy_tokens: list[int] | None = None  # set by decode(greedy=True)
         self.key_valid: torch.Tensor | None = None   # [B, max_len] or None when no padding
 
     @property
@@ -50,6 +52,7 @@ class ModelRunner:
             ids[i, pad[i]:] = torch.as_tensor(p, dtype=torch.long)
         ids = ids.to(self.device)
         self.pad = torch.tensor(pad, device=self.device)
+        self.pad_list = list(pad)
         slots = torch.arange(max_len, device=self.device)
         self.key_valid = (slots.unsqueeze(0) >= self.pad.unsqueeze(1)) if any(pad) else None
         positions = (slots[:longest].unsqueeze(0) - self.pad.unsqueeze(1)).clamp_(min=0)
@@ -59,13 +62,23 @@ class ModelRunner:
         return self.model.logits(hidden[:, -1])
 
     @torch.inference_mode()
-    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Append one token per row (``[B]``); logits ``[B, V]`` for the next one."""
+    def decode(self, tokens: torch.Tensor | list[int], greedy: bool = False) -> torch.Tensor:
+        """Append one token per row (``[B]``, a tensor or ints); logits ``[B, V]`` for the
+        next one. ``greedy``: also leave each row's argmax token in ``greedy_tokens`` (a
+        list; None where the model has no one-call decode step)."""
         if self.length >= self.cache.capacity[1]:
             raise RuntimeError("KV cache is full")
         s = self.length
-        ids, positions = tokens.to(self.device).view(-1), s - self.pad
         key_valid = None if self.key_valid is None else self.key_valid[:, :s + 1]
+        self.greedy_tokens = None
+        if self.model.decodes_in_one_call and self.device.type == "cpu":
+            ids = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
+            logits, self.greedy_tokens = self.model.decode_tokens(ids, [s - p for p in self.pad_list], self.cache, s,
+                                                                  key_valid, greedy)
+            self.length += 1
+            return logits
+        tokens = torch.as_tensor(tokens)
+        ids, positions = tokens.to(self.device).view(-1), s - self.pad
         if self.model.decodes_in_one_call:
             logits = self.model.decode_logits(ids, positions, self.cache, s, key_valid)
         else:
@@ -83,6 +96,7 @@ class ModelRunner:
         self.cache.keep(rows, self.length)
         idx = torch.as_tensor(rows, device=self.device)
         self.pad = self.pad[idx]
+        self.pad_list = [self.pad_list[i] for i in rows]
         if self.key_valid is not None:
             self.key_valid = self.key_valid[idx]
 

@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "cpu/kernel_common.h"
+#include "cpu/ops.h"
 
 namespace compress_cpu {
 namespace {
@@ -69,6 +70,14 @@ __attribute__((target("avx2"))) int64_t argmax_row_avx2(const float* x, int64_t 
   return 0;  // unreachable: m is one of the row's values
 }
 
+}  // namespace
+
+int64_t argmax_row_f32(const float* x, int64_t n) {
+  return active_isa() >= Isa::Avx2 ? argmax_row_avx2(x, n) : argmax_row_scalar(x, n);
+}
+
+namespace {
+
 at::Tensor argmax_rows(const at::Tensor& x_in) {
   TORCH_CHECK(x_in.dim() >= 1 && x_in.size(-1) > 0, "argmax_rows: x must have a non-empty last dim, got ",
               x_in.sizes());
@@ -78,10 +87,8 @@ at::Tensor argmax_rows(const at::Tensor& x_in) {
   at::Tensor out = at::empty(x.sizes().slice(0, x.dim() - 1), x.options().dtype(at::kLong));
   const float* xp = x.data_ptr<float>();
   int64_t* op = out.data_ptr<int64_t>();
-  const bool avx2 = active_isa() >= Isa::Avx2;
   at::parallel_for(0, rows, std::max<int64_t>(1, (1 << 16) / n), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      op[r] = avx2 ? argmax_row_avx2(xp + r * n, n) : argmax_row_scalar(xp + r * n, n);
+    for (int64_t r = r0; r < r1; ++r) op[r] = argmax_row_f32(xp + r * n, n);
   });
   return out;
 }

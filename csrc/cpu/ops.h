@@ -21,6 +21,8 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
                                                 const at::Tensor& weight, double eps);
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const c10::optional<at::Tensor>& mask);
+// compress::argmax_rows's answer for one float32 row of n > 0 values.
+int64_t argmax_row_f32(const float* x, int64_t n);
 
 // The same ops writing into caller-owned tensors (decode_layer reuses its intermediates
 // from call to call instead of allocating ~20 tensors a layer). The GEMMs take float32

@@ -116,6 +116,24 @@ def test_one_call_decode_greedy_generation(tokenizer, monkeypatch):
     assert [o.token_ids for o in llm.generate([[5, 9, 13, 21], [11, 4]], params)] == got
 
 
+def test_decode_tokens_equals_decode_and_its_argmax(tokenizer):
+    """decode_tokens (Python ints in, the greedy tokens out) is decode() bit for bit, and
+    its tokens are compress::argmax_rows of those logits."""
+    model = build_model(checkpoint("llama", "w4a16", len(tokenizer)))
+    plan = model.decode_plan
+    shape = (len(model.layers), 2, model.n_kv_heads, 8, model.head_dim)
+    k1, v1 = torch.randn(shape), torch.randn(shape)
+    k2, v2 = k1.clone(), v1.clone()
+    mask = [torch.tensor([[True] * 4, [False, True, True, True]])]
+    want = plan.decode(torch.tensor([3, 17]), torch.tensor([3, 2]), k1, v1, 3, mask)
+    got, tokens = plan.decode_tokens([3, 17], [3, 2], k2, v2, 3, mask, True)
+    assert torch.equal(got, want) and torch.equal(k2, k1) and torch.equal(v2, v1)
+    assert tokens == torch.ops.compress.argmax_rows(want).tolist()
+    assert plan.decode_tokens([3, 17], [3, 2], k2, v2, 3, mask, False)[1] == []
+    with pytest.raises(RuntimeError, match="2 token ids and 1 positions"):
+        plan.decode_tokens([3, 17], [3], k2, v2, 3, mask, True)
+
+
 def test_one_call_decode_errors_name_the_problem(tokenizer):
     model = build_model(checkpoint("llama", "w8a8", len(tokenizer)))
     plan = model.decode_plan

@@ -236,6 +236,16 @@ class LlamaFamilyModel(nn.Module):
             masks.append(key_mask(mask))
         return self.decode_plan.decode(input_ids, positions, kv_cache.k, kv_cache.v, start, masks)
 
+    def decode_tokens(self, ids: list[int], positions: list[int], kv_cache, start: int,
+                      key_valid: torch.Tensor | None = None,
+                      greedy: bool = False) -> tuple[torch.Tensor, list[int] | None]:
+        """:meth:`decode_logits` from Python ints: ``(logits [B, V], each row's argmax token
+        if greedy else None)``; the step makes no tensor op in Python (unless masks)."""
+        masks = [key_mask(attention_mask(1, start, key_valid, window, kv_cache.k.device)[0])
+                 for window in self.decode_windows]
+        logits, tokens = self.decode_plan.decode_tokens(ids, positions, kv_cache.k, kv_cache.v, start, masks, greedy)
+        return logits, (tokens if greedy else None)
+
 
 def key_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
     """A one-query ``attention_mask`` ``[B|1, 1, 1, S]`` as the decode ops take it: ``[B|1, S]``."""
