@@ -52,6 +52,10 @@ class ProfiledPlan:
         with torch.profiler.record_function(DECODE_EVENT):
             return self.plan.decode(*args)
 
+    def decode_tokens(self, *args):
+        with torch.profiler.record_function(DECODE_EVENT):
+            return self.plan.decode_tokens(*args)
+
     def step(self, *args):
         with torch.profiler.record_function(PLAN_EVENT):
             return self.plan.step(*args)
