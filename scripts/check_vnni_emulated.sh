@@ -57,7 +57,8 @@ rm -f asan.*
 echo "building the emulated extension in $TREE (build.log)"
 COMPRESS_SANITIZE=address COMPRESS_BUILD_CUDA=0 MAX_JOBS=${MAX_JOBS:-2} $PY setup.py build_ext --inplace >build.log 2>&1 \
   || { tail -30 build.log; exit 1; }
-export LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)"
+cxx=${CXX:-g++}  # its runtime libraries: the compiler that built the extension
+export LD_PRELOAD="$($cxx -print-file-name=libasan.so) $($cxx -print-file-name=libstdc++.so)"
 export ASAN_OPTIONS=detect_leaks=0:log_path=$PWD/asan
 isa=$($PY -c "import compress.ops as o; print(o.cpu_isa())")
 [ "$isa" = avx512_vnni ] || { echo "the emulated build reports ISA $isa"; exit 1; }

@@ -55,9 +55,11 @@ for step in "${steps[@]}"; do
       tar --exclude=./build --exclude=./.git --exclude=./.venv --exclude='*.so' -cf - . | tar -xf - -C "$tree"
       (cd "$tree" && COMPRESS_SANITIZE=address COMPRESS_BUILD_CUDA=0 MAX_JOBS=${MAX_JOBS:-16} \
         $PY setup.py build_ext --inplace >build.log 2>&1) || { tail -30 "$tree/build.log"; exit 1; }
-      (cd "$tree" && LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)" \
+      cxx=${CXX:-g++}  # its runtime libraries: the compiler that built the extension
+      (cd "$tree" && LD_PRELOAD="$($cxx -print-file-name=libasan.so) $($cxx -print-file-name=libstdc++.so)" \
         ASAN_OPTIONS=detect_leaks=0:log_path=$LOG_DIR/asan $PY -m pytest -p no:cacheprovider -q -x \
-        tests/ops/test_ops_cpu.py 2>&1 | tee "$LOG_DIR/test_cpu_asan.log" | tail -15)
+        tests/ops/test_ops_cpu.py 2>&1 | tee "$LOG_DIR/test_cpu_asan.log" | tail -15; exit "${PIPESTATUS[0]}") \
+        || status=1
       for f in "$LOG_DIR"/asan.*; do [ -e "$f" ] && { status=1; head -50 "$f"; }; done
       ;;
     bench)
