@@ -4,10 +4,10 @@ under torch.profiler and prints time per generated token by op, grouped.
 
     python scripts/profile_decode.py /tmp/bench-llama/rtn-int4 --threads 2 --tokens 32
 
-By default a decode step is one ``compress._C.DecodePlan.decode`` call (the embedding,
-every layer as ``compress::decode_layer``'s C++, the final norm and the lm_head), whose
-GEMMs, norms and attention are direct C++ calls inside it (one group, recorded under the
-name below); ``--per-layer-op`` calls the ``compress::decode_layer`` op once per layer
+By default a decode step is one ``compress._C.DecodePlan.decode_tokens`` call (the
+embedding, every layer as ``compress::decode_layer``'s C++, the final norm, the lm_head
+and the greedy argmax), whose GEMMs, norms and attention are direct C++ calls inside it
+(one group, recorded as DecodePlan.decode, as a ``decode`` call is); ``--per-layer-op`` calls the ``compress::decode_layer`` op once per layer
 instead, and ``--module-path`` runs the layers op by op (``model.fused_decode = False``)
 to split the time by op.
 
