@@ -21,7 +21,8 @@
 namespace compress_cpu {
 namespace {
 
-// Sizes, strides and typed pointers of one call (q [B, Hq, D], k / v [B, Hkv, S, D]).
+// Sizes, strides and typed pointers of one call (q [B, Hq, D]; keys and values: the
+// first B rows and S slots of k / v [>= B, Hkv, >= S, D]).
 template <typename T, typename TKV>
 struct AttnArgs {
   int64_t B, Hq, D, Hkv, S, group;
@@ -31,17 +32,17 @@ struct AttnArgs {
   T* out;
   int64_t qs0, qs1, ks0, ks1, ks2, vs0, vs1, vs2;
 
-  AttnArgs(const at::Tensor& qt, const at::Tensor& kt, const at::Tensor& vt, at::Tensor& ot)
-      : B(qt.size(0)), Hq(qt.size(1)), D(qt.size(2)), Hkv(kt.size(1)), S(kt.size(2)), group(Hq / Hkv),
+  AttnArgs(const at::Tensor& qt, const at::Tensor& kt, const at::Tensor& vt, int64_t slots, at::Tensor& ot)
+      : B(qt.size(0)), Hq(qt.size(1)), D(qt.size(2)), Hkv(kt.size(1)), S(slots), group(Hq / Hkv),
         scale(1.f / std::sqrt(static_cast<float>(D))), q(qt.data_ptr<T>()), k(kt.data_ptr<TKV>()),
         v(vt.data_ptr<TKV>()), out(ot.data_ptr<T>()), qs0(qt.stride(0)), qs1(qt.stride(1)), ks0(kt.stride(0)),
         ks1(kt.stride(1)), ks2(kt.stride(2)), vs0(vt.stride(0)), vs1(vt.stride(1)), vs2(vt.stride(2)) {}
 };
 
 template <typename T, typename TKV>
-void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* mask, int64_t mask_rows,
-            at::Tensor& out) {
-  const AttnArgs<T, TKV> a(q, k, v, out);
+void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t S_, const bool* mask,
+            int64_t mask_rows, at::Tensor& out) {
+  const AttnArgs<T, TKV> a(q, k, v, S_, out);
   const int64_t S = a.S, D = a.D;
   at::parallel_for(0, a.B * a.Hq, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(S), qf(D), acc(D);
@@ -212,9 +213,9 @@ inline void pv_rows(const float* pa, const float* pb, const float* v, int64_t vs
 }
 
 template <typename TKV>
-void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* mask,
+void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t S_, const bool* mask,
                      int64_t mask_rows, at::Tensor& out) {
-  const AttnArgs<float, TKV> a(q, k, v, out);
+  const AttnArgs<float, TKV> a(q, k, v, S_, out);
   const int64_t S = a.S, D = a.D, group = a.group;
   at::parallel_for(0, a.B * a.Hkv, 1, [&](int64_t begin, int64_t end) {
     // Scaled queries and scores: reused by this thread from call to call (a decode step
@@ -283,38 +284,61 @@ void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 
 }  // namespace
 
-at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const c10::optional<at::Tensor>& mask) {
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4, "decode_attention: q must be [B, Hq, D] and k, v ",
+namespace {
+
+// The op's body on the first B = q.size(0) rows and S slots of k / v [>= B, Hkv, >= S, D]:
+// decode_attention passes its whole k / v, decode_layer its cache layer without slicing it.
+void attention_run(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t S,
+                   const c10::optional<at::Tensor>& mask, at::Tensor& out) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4, op, ": q must be [B, Hq, D] and k, v ",
               "[B, Hkv, S, D]; got q ", q.sizes(), ", k ", k.sizes(), ", v ", v.sizes());
-  TORCH_CHECK(k.sizes() == v.sizes(), "decode_attention: k ", k.sizes(), " and v ", v.sizes(), " differ");
-  TORCH_CHECK(k.size(0) == q.size(0) && k.size(3) == q.size(2) && k.size(1) > 0 && q.size(1) % k.size(1) == 0,
-              "decode_attention: q ", q.sizes(), " does not fit k ", k.sizes(), " (batch, head_dim, or Hq % Hkv)");
+  TORCH_CHECK(k.sizes() == v.sizes(), op, ": k ", k.sizes(), " and v ", v.sizes(), " differ");
+  TORCH_CHECK(k.size(0) >= q.size(0) && k.size(2) >= S && S > 0 && k.size(3) == q.size(2) && k.size(1) > 0 &&
+                  q.size(1) % k.size(1) == 0,
+              op, ": q ", q.sizes(), " does not fit k ", k.sizes(), " (batch, head_dim, or Hq % Hkv)");
   TORCH_CHECK(k.scalar_type() == v.scalar_type() && (k.scalar_type() == q.scalar_type() || k.scalar_type() == at::kHalf),
-              "decode_attention: k and v must both have q's dtype or both float16; got q ", q.scalar_type(), ", k ",
+              op, ": k and v must both have q's dtype or both float16; got q ", q.scalar_type(), ", k ",
               k.scalar_type(), ", v ", v.scalar_type());
   const bool half_kv = k.scalar_type() == at::kHalf && q.scalar_type() != at::kHalf;
-  TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1, "decode_attention: k and v need a contiguous last dim");
+  TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1, op, ": k and v need a contiguous last dim");
+  TORCH_CHECK(out.scalar_type() == q.scalar_type() && out.is_contiguous() && out.dim() == 2 &&
+                  out.size(0) == q.size(0) && out.size(1) == q.size(1) * q.size(2),
+              op, ": out must be contiguous ", q.scalar_type(), " [", q.size(0), ", ", q.size(1) * q.size(2), "]");
   const at::Tensor qc = q.stride(2) == 1 ? q : q.contiguous();
   at::Tensor m;
   if (mask.has_value()) {
-    m = mask->to(at::kBool).contiguous();
-    TORCH_CHECK(m.dim() == 2 && (m.size(0) == 1 || m.size(0) == q.size(0)) && m.size(1) == k.size(2),
-                "decode_attention: mask must be [B or 1, S] = [", q.size(0), ", ", k.size(2), "], got ", m.sizes());
+    m = mask->scalar_type() == at::kBool && mask->is_contiguous() ? *mask : mask->to(at::kBool).contiguous();
+    TORCH_CHECK(m.dim() == 2 && (m.size(0) == 1 || m.size(0) == q.size(0)) && m.size(1) == S, op,
+                ": mask must be [B or 1, S] = [", q.size(0), ", ", S, "], got ", m.sizes());
   }
   const bool* mask_ptr = mask.has_value() ? m.data_ptr<bool>() : nullptr;
   const int64_t mask_rows = mask.has_value() ? m.size(0) : 0;
-  at::Tensor out = at::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
   if (q.scalar_type() == at::kFloat && q.size(2) % 8 == 0 && active_isa() != Isa::Scalar) {
-    if (half_kv) attend_f32_avx2<c10::Half>(qc, k, v, mask_ptr, mask_rows, out);
-    else attend_f32_avx2<float>(qc, k, v, mask_ptr, mask_rows, out);
-    return out;
+    if (half_kv) attend_f32_avx2<c10::Half>(qc, k, v, S, mask_ptr, mask_rows, out);
+    else attend_f32_avx2<float>(qc, k, v, S, mask_ptr, mask_rows, out);
+    return;
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "decode_attention", [&] {
-    if (half_kv) attend<scalar_t, c10::Half>(qc, k, v, mask_ptr, mask_rows, out);
-    else attend<scalar_t, scalar_t>(qc, k, v, mask_ptr, mask_rows, out);
+    if (half_kv) attend<scalar_t, c10::Half>(qc, k, v, S, mask_ptr, mask_rows, out);
+    else attend<scalar_t, scalar_t>(qc, k, v, S, mask_ptr, mask_rows, out);
   });
+}
+
+}  // namespace
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const c10::optional<at::Tensor>& mask) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && k.size(0) == q.size(0),
+              "decode_attention: q must be [B, Hq, D] and k, v [B, Hkv, S, D]; got q ", q.sizes(), ", k ", k.sizes(),
+              ", v ", v.sizes());
+  at::Tensor out = at::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
+  attention_run("decode_attention", q, k, v, k.size(2), mask, out);
   return out;
+}
+
+void decode_attention_into(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, int64_t S,
+                           const c10::optional<at::Tensor>& mask, at::Tensor& out) {
+  attention_run("decode_attention", q, k_cache, v_cache, S, mask, out);
 }
 
 }  // namespace compress_cpu

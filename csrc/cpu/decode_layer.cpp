@@ -60,7 +60,7 @@ namespace {
 // The layer's intermediates, kept per thread and reused while their sizes and dtype
 // stay (they change with the batch only): a decode step runs ~24 layers of ~20 small
 // tensors each, and an allocation there cost ~1-2 us (cold allocator metadata).
-enum ScratchSlot { kH, kQkv, kQ, kA, kH2, kGu, kAct, kDown, kSlots };
+enum ScratchSlot { kH, kQkv, kQ, kAttn, kA, kH2, kGu, kAct, kDown, kSlots };
 at::Tensor& layer_scratch(ScratchSlot slot, at::IntArrayRef sizes, const at::TensorOptions& options) {
   thread_local at::Tensor tensors[kSlots];
   at::Tensor& t = tensors[slot];
@@ -214,8 +214,8 @@ at::Tensor decode_layer_run(const at::Tensor& x_in, const at::Tensor& attn_norm_
     if (half_cache) rope_and_store<scalar_t, c10::Half>(qkv, cos, sin, q, kc, vc, pos, nq, nkv);
     else rope_and_store<scalar_t, scalar_t>(qkv, cos, sin, q, kc, vc, pos, nq, nkv);
   });
-  const at::Tensor attn = decode_attention(q, kc.narrow(0, 0, B).narrow(2, 0, pos + 1),
-                                           vc.narrow(0, 0, B).narrow(2, 0, pos + 1), mask);
+  at::Tensor& attn = layer_scratch(kAttn, {B, nq * D}, x.options());
+  decode_attention_into(q, kc, vc, pos + 1, mask, attn);  // the cache's first B rows, pos + 1 slots
   const at::Tensor a = linear_into_scratch(kA, lin[1], attn);
   at::Tensor& h2 = layer_scratch(kH2, {B, H}, x.options());
   at::Tensor out = at::empty({B, H}, x.options());  // x + attention: the residual stream, returned

@@ -21,6 +21,10 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
                                                 const at::Tensor& weight, double eps);
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const c10::optional<at::Tensor>& mask);
+// decode_attention on the first q.size(0) rows and S slots of a cache layer
+// k / v [rows, Hkv, slots, D] (no slicing views), into out [B, Hq * D] of q's dtype.
+void decode_attention_into(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, int64_t S,
+                           const c10::optional<at::Tensor>& mask, at::Tensor& out);
 // compress::argmax_rows's answer for one float32 row of n > 0 values.
 int64_t argmax_row_f32(const float* x, int64_t n);
 
