@@ -13,6 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 LOG_DIR=$(mkdir -p "${LOG_DIR:-gpu-logs}" && cd "${LOG_DIR:-gpu-logs}" && pwd)
 PY=${PY:-python3}
+case $PY in */*) PY=$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY") ;; esac  # the asan step runs elsewhere
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(build test cpu bench)
