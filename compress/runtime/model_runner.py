@@ -20,8 +20,7 @@ class ModelRunner:
         self.device = model.device
         self.cache: KVCache | None = None
         self.length = 0             # slots filled (same for every row)
-        self.pad: torch.Tensor | None = None
-        self.pad_list: list[int] = []  # the same left paddings as ints (the one-call decode step's positions)
+        self.pad: list[int] = []    # each row's left padding (its positions start after it)
         self.greedy_tokens: list[int] | None = None  # set by decode(greedy=True)
         self.key_valid: torch.Tensor | None = None   # [B, max_len] or None when no padding
 
@@ -51,11 +50,11 @@ class ModelRunner:
         for i, p in enumerate(prompts):
             ids[i, pad[i]:] = torch.as_tensor(p, dtype=torch.long)
         ids = ids.to(self.device)
-        self.pad = torch.tensor(pad, device=self.device)
-        self.pad_list = list(pad)
+        self.pad = list(pad)
+        pad_t = torch.tensor(pad, device=self.device)
         slots = torch.arange(max_len, device=self.device)
-        self.key_valid = (slots.unsqueeze(0) >= self.pad.unsqueeze(1)) if any(pad) else None
-        positions = (slots[:longest].unsqueeze(0) - self.pad.unsqueeze(1)).clamp_(min=0)
+        self.key_valid = (slots.unsqueeze(0) >= pad_t.unsqueeze(1)) if any(pad) else None
+        positions = (slots[:longest].unsqueeze(0) - pad_t.unsqueeze(1)).clamp_(min=0)
         hidden = self.model(ids, positions, self.cache, 0,
                             None if self.key_valid is None else self.key_valid[:, :longest])
         self.length = longest
@@ -71,18 +70,14 @@ class ModelRunner:
         s = self.length
         key_valid = None if self.key_valid is None else self.key_valid[:, :s + 1]
         self.greedy_tokens = None
-        if self.model.decodes_in_one_call and self.device.type == "cpu":
-            ids = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
-            logits, self.greedy_tokens = self.model.decode_tokens(ids, [s - p for p in self.pad_list], self.cache, s,
-                                                                  key_valid, greedy)
-            self.length += 1
-            return logits
-        tokens = torch.as_tensor(tokens)
-        ids, positions = tokens.to(self.device).view(-1), s - self.pad
+        positions = [s - p for p in self.pad]
         if self.model.decodes_in_one_call:
-            logits = self.model.decode_logits(ids, positions, self.cache, s, key_valid)
+            ids = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
+            logits, self.greedy_tokens = self.model.decode_logits(ids, positions, self.cache, s, key_valid, greedy)
         else:
-            hidden = self.model(ids.view(-1, 1), positions.unsqueeze(1), self.cache, s, key_valid)
+            ids = torch.as_tensor(tokens).to(self.device).view(-1, 1)
+            hidden = self.model(ids, torch.tensor(positions, device=self.device).unsqueeze(1), self.cache, s,
+                                key_valid)
             logits = self.model.logits(hidden[:, -1])
         self.length += 1
         return logits
@@ -95,8 +90,7 @@ class ModelRunner:
         """Drop every row not in ``rows`` from the live batch."""
         self.cache.keep(rows, self.length)
         idx = torch.as_tensor(rows, device=self.device)
-        self.pad = self.pad[idx]
-        self.pad_list = [self.pad_list[i] for i in rows]
+        self.pad = [self.pad[i] for i in rows]
         if self.key_valid is not None:
             self.key_valid = self.key_valid[idx]
 

@@ -223,24 +223,14 @@ class LlamaFamilyModel(nn.Module):
         """Whether :meth:`decode_logits` runs (a DecodePlan with its head)."""
         return self.fused_decode and self.decode_plan is not None and self.decode_plan.has_head
 
-    def decode_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache, start: int,
-                      key_valid: torch.Tensor | None = None) -> torch.Tensor:
-        """A decode step in one ``DecodePlan.decode`` call: ``input_ids`` / ``positions``
-        ``[B]`` written at cache slot ``start`` -> fp32 logits ``[B, V]`` (what
-        ``logits(forward(...)[:, -1])`` gives, bit for bit)."""
-        if input_ids.dtype != torch.long:
-            input_ids = input_ids.long()
-        masks = []
-        for window in self.decode_windows:
-            mask, _ = attention_mask(1, start, key_valid, window, input_ids.device)
-            masks.append(key_mask(mask))
-        return self.decode_plan.decode(input_ids, positions, kv_cache.k, kv_cache.v, start, masks)
-
-    def decode_tokens(self, ids: list[int], positions: list[int], kv_cache, start: int,
+    def decode_logits(self, ids: list[int], positions: list[int], kv_cache, start: int,
                       key_valid: torch.Tensor | None = None,
                       greedy: bool = False) -> tuple[torch.Tensor, list[int] | None]:
-        """:meth:`decode_logits` from Python ints: ``(logits [B, V], each row's argmax token
-        if greedy else None)``; the step makes no tensor op in Python (unless masks)."""
+        """A decode step in one ``DecodePlan.decode_tokens`` call: token ``ids`` at
+        ``positions`` (Python ints, one per row) written at cache slot ``start`` ->
+        ``(fp32 logits [B, V], each row's argmax token if greedy else None)``. The logits
+        are what ``logits(forward(...)[:, -1])`` gives, bit for bit; the step makes no
+        tensor op in Python except the masks of padded or windowed batches."""
         masks = [key_mask(attention_mask(1, start, key_valid, window, kv_cache.k.device)[0])
                  for window in self.decode_windows]
         logits, tokens = self.decode_plan.decode_tokens(ids, positions, kv_cache.k, kv_cache.v, start, masks, greedy)
