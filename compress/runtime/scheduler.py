@@ -29,12 +29,10 @@ def _decoder(tokenizer):
     overrides its decoding nor cleans up spaces decodes as its Rust backend does: call the
     backend directly, without transformers' Python layers (a quarter of the time; a decode
     step makes two such calls per sequence, on caches the weights have just swept)."""
+    from transformers import PreTrainedTokenizerFast  # here: the runtime imports no transformers eagerly
+
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    try:
-        from transformers import PreTrainedTokenizerFast
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        PreTrainedTokenizerFast = None
-    plain = (PreTrainedTokenizerFast is not None and isinstance(tokenizer, PreTrainedTokenizerFast)
+    plain = (isinstance(tokenizer, PreTrainedTokenizerFast)
              and type(tokenizer)._decode is PreTrainedTokenizerFast._decode
              and type(tokenizer).decode is PreTrainedTokenizerFast.decode)
     if backend is not None and plain and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
