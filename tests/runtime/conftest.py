@@ -32,3 +32,11 @@ def llama_dir(tmp_path_factory, tokenizer):
 def llm(llama_dir):
     from compress.runtime import LLM
     return LLM(llama_dir)
+
+
+@pytest.fixture(scope="session")
+def embedded(repo_root):
+    """The embedded model as ``load_model_for_compression`` gives it (the tests that
+    quantize it work on a copy)."""
+    from compress.model_loading import load_model_for_compression
+    return load_model_for_compression(str(repo_root / "models" / "pydoc-llama"))
