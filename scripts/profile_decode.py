@@ -7,7 +7,7 @@ under torch.profiler and prints time per generated token by op, grouped.
 By default a decode step is one ``compress._C.DecodePlan.decode_tokens`` call (the
 embedding, every layer as ``compress::decode_layer``'s C++, the final norm, the lm_head
 and the greedy argmax), whose GEMMs, norms and attention are direct C++ calls inside it
-(one group, recorded as DecodePlan.decode, as a ``decode`` call is); ``--per-layer-op`` calls the ``compress::decode_layer`` op once per layer
+(one group, recorded as DecodePlan.decode); ``--per-layer-op`` calls the ``compress::decode_layer`` op once per layer
 instead, and ``--module-path`` runs the layers op by op (``model.fused_decode = False``)
 to split the time by op.
 
@@ -40,17 +40,13 @@ OTHER = "other ops (views, copies, elementwise, sampling)"
 
 
 class ProfiledPlan:
-    """A model's DecodePlan whose decode() and step() show in torch.profiler as one event
-    each (the plan is a pybind11 object, not a torch op, so the profiler would not see
-    it otherwise)."""
+    """A model's DecodePlan whose decode_tokens() and step() show in torch.profiler as one
+    event each (the plan is a pybind11 object, not a torch op, so the profiler would not
+    see it otherwise)."""
 
     def __init__(self, plan):
         self.plan = plan
         self.has_head = plan.has_head
-
-    def decode(self, *args):
-        with torch.profiler.record_function(DECODE_EVENT):
-            return self.plan.decode(*args)
 
     def decode_tokens(self, *args):
         with torch.profiler.record_function(DECODE_EVENT):
