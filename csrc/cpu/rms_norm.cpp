@@ -90,11 +90,15 @@ void norm_rows(const T* x, const T* res, const T* w, T* y, T* sum_out, int64_t m
   });
 }
 
-void check(const char* op, const at::Tensor& x, const at::Tensor& w) {
+// `residual`: add_rms_norm's, which must match x.
+void check(const char* op, const at::Tensor& x, const at::Tensor& w, const at::Tensor* residual = nullptr) {
   TORCH_CHECK(x.dim() >= 1 && w.dim() == 1 && w.size(0) == x.size(-1), op, ": weight [", w.sizes(),
               "] must match the last dim of x ", x.sizes());
   TORCH_CHECK(w.scalar_type() == x.scalar_type(), op, ": weight dtype ", w.scalar_type(), " must equal x dtype ",
               x.scalar_type());
+  TORCH_CHECK(residual == nullptr || (residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type()),
+              op, ": residual ", residual ? residual->sizes() : x.sizes(), " ",
+              residual ? residual->scalar_type() : x.scalar_type(), " must match x ", x.sizes(), " ", x.scalar_type());
 }
 
 // `y_out` / `sum_out`: where to write (x's sizes and dtype, contiguous), else new tensors.
@@ -126,10 +130,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
                                                 const at::Tensor& weight, double eps) {
-  check("add_rms_norm", x, weight);
-  TORCH_CHECK(residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type(),
-              "add_rms_norm: residual ", residual.sizes(), " ", residual.scalar_type(), " must match x ", x.sizes(),
-              " ", x.scalar_type());
+  check("add_rms_norm", x, weight, &residual);
   return run(x, &residual, weight, eps);
 }
 
@@ -140,10 +141,7 @@ void rms_norm_into(const at::Tensor& x, const at::Tensor& weight, double eps, at
 
 void add_rms_norm_into(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps,
                        at::Tensor& y, at::Tensor& sum) {
-  check("add_rms_norm", x, weight);
-  TORCH_CHECK(residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type(),
-              "add_rms_norm: residual ", residual.sizes(), " ", residual.scalar_type(), " must match x ", x.sizes(),
-              " ", x.scalar_type());
+  check("add_rms_norm", x, weight, &residual);
   run(x, &residual, weight, eps, &y, &sum);
 }
 
