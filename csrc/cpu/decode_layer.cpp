@@ -68,11 +68,11 @@ at::Tensor& layer_scratch(ScratchSlot slot, at::IntArrayRef sizes, const at::Ten
   return t;
 }
 
-// y = x W^T for one of the layer's linears, into the slot's scratch when the kernel can
-// write there (int4 / int8 weights, float32 x), else a new tensor.
+// y = x W^T for one of the layer's linears, into the slot's scratch where run_decode_linear
+// can write there (int4 / int8 weights, float32 x), else a new tensor.
 at::Tensor linear_into_scratch(ScratchSlot slot, const DecodeLinear& l, const at::Tensor& x) {
-  const bool into = x.scalar_type() == at::kFloat && (l.scheme == "w4a16_prepared" || l.scheme == "w8a8_prepared");
-  return run_decode_linear(l, x, into ? &layer_scratch(slot, {x.size(0), l.w[0].size(0)}, x.options()) : nullptr);
+  const bool f32 = x.scalar_type() == at::kFloat;
+  return run_decode_linear(l, x, f32 ? &layer_scratch(slot, {x.size(0), l.w[0].size(0)}, x.options()) : nullptr);
 }
 
 // Rotates q and k heads of one qkv row block (rotate-half convention, products and sum
