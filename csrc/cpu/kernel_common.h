@@ -77,7 +77,7 @@ inline void check_float_out(const char* op, const at::Tensor& x, int64_t N, cons
 // thread keeps a large buffer. The contents are whatever the last call left.
 class Scratch {
  public:
-  enum Slot : int { kW4 = 0, kW8 = 1, kSlots = 2 };
+  enum Slot : int { kW4 = 0, kW8 = 1, kW8Panel = 2, kSlots = 3 };
   static constexpr int64_t kMaxBytes = 1 << 20;
 
   Scratch(Slot slot, int64_t bytes) {

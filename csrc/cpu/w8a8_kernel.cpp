@@ -49,6 +49,7 @@ inline void quantize_rows(const at::Tensor& x, const int64_t* idx, int64_t C, in
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 #include "cpu/w8a8_tile_avx2.inc"
+#include "cpu/w8a8_i16_avx2.inc"
 #pragma GCC pop_options
 
 // ---- AVX-512 VNNI -------------------------------------------------------------------
@@ -87,7 +88,11 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
   const int64_t Kp = ceil_div(std::max<int64_t>(K, 1), kPad) * kPad;
   // One workspace (a decode step makes ~100 of these calls): int8 activations and their
   // |values| [M, Kp] each (Kp % 64 == 0), per-row scales [M], gathered outliers [M, C].
-  const Scratch work(Scratch::kW8, 2 * M * Kp + 4 * M * (1 + C));
+  // Many rows on AVX2 without VNNI: the int16 GEMM (w8a8_i16_avx2.inc), which also needs
+  // the activations widened to int16 [M, Kp], after the rest.
+  const bool i16 = active_isa() == Isa::Avx2 && M >= kI16MinRows;
+  const int64_t x16_offset = ceil_div(2 * M * Kp + 4 * M * (1 + C), 64) * 64;
+  const Scratch work(Scratch::kW8, x16_offset + (i16 ? 2 * M * Kp : 0));
   int8_t* qx = reinterpret_cast<int8_t*>(work.data());
   uint8_t* ax = work.data() + M * Kp;
   float* sx = reinterpret_cast<float*>(work.data() + 2 * M * Kp);
@@ -110,8 +115,18 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
     case Isa::Avx2: kernel = block_avx2; break;
     default: break;
   }
-  const int64_t nb = std::max<int64_t>(8, ((128 << 10) / std::max<int64_t>(1, K)) / 8 * 8);
-  parallel_tiles(M, N, 64, nb, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) { kernel(a, m0, m1, n0, n1); });
+  if (i16) {
+    int16_t* x16 = reinterpret_cast<int16_t*>(work.data() + x16_offset);
+    at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) { widen_rows_i16(qx + m0 * Kp, (m1 - m0) * Kp, x16 + m0 * Kp); });
+    // contiguous runs of 16-column panels per thread
+    at::parallel_for(0, ceil_div(N, kI16Cols), 1, [&](int64_t b0, int64_t b1) {
+      const Scratch mine(Scratch::kW8Panel, i16_thread_bytes(M));
+      block_i16_avx2(a, x16, b0 * kI16Cols, std::min(N, b1 * kI16Cols), mine.data());
+    });
+  } else {
+    const int64_t nb = std::max<int64_t>(8, ((128 << 10) / std::max<int64_t>(1, K)) / 8 * 8);
+    parallel_tiles(M, N, 64, nb, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) { kernel(a, m0, m1, n0, n1); });
+  }
   if (C && !epilogue_outliers) {
     Args b = a;
     b.C = C, b.ow = ow.data_ptr(), b.owt = scale_type_of(ow);
