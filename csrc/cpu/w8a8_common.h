@@ -70,6 +70,14 @@ COMPRESS_TARGET("avx2,fma") inline int64_t quantize_span_avx2(const float* v, fl
   return j;
 }
 
+// x16[k] = q[k] for the n bytes of one quantized row (n % 16 == 0): the activations of
+// the int16 GEMM (w8a8_i16_avx2.inc), which runs on AVX2 only.
+COMPRESS_TARGET("avx2") inline void widen_row_i16(const int8_t* q, int64_t n, int16_t* x16) {
+  for (int64_t i = 0; i < n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(x16 + i),
+                        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i))));
+}
+
 // One row of per-token quantization, identical to reference.quantize_per_token_int8
 // (division, round half to even, clamp +-127): `row` (K fp32 values, modified) has its
 // outlier columns (idx, C of them) gathered to xo and zeroed before the absmax, as in

@@ -27,9 +27,10 @@
 namespace compress_cpu {
 namespace w8 {
 
-// Per-token quantization of every row (w8a8_common.h: quantize_row).
+// Per-token quantization of every row (w8a8_common.h: quantize_row); with `x16`, each
+// row also widened to int16 while it is in cache (the int16 GEMM's activations).
 inline void quantize_rows(const at::Tensor& x, const int64_t* idx, int64_t C, int64_t Kp, int8_t* qx,
-                          uint8_t* ax, float* sx, float* xo) {
+                          uint8_t* ax, float* sx, float* xo, int16_t* x16) {
   const int64_t M = x.size(0), K = x.size(1);
   const bool avx2 = active_isa() >= Isa::Avx2;
   // fp32 rows without outlier columns are read in place (quantize_row writes to its row
@@ -41,6 +42,7 @@ inline void quantize_rows(const at::Tensor& x, const int64_t* idx, int64_t C, in
       float* row = in_place ? x.data_ptr<float>() + m * K : buf.data();
       if (!in_place) row_to_float(x, m, buf.data());
       sx[m] = quantize_row(row, K, idx, C, Kp, avx2, qx + m * Kp, ax + m * Kp, xo + m * C);
+      if (x16) widen_row_i16(qx + m * Kp, Kp, x16 + m * Kp);
     }
   });
 }
@@ -89,7 +91,7 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
   // One workspace (a decode step makes ~100 of these calls): int8 activations and their
   // |values| [M, Kp] each (Kp % 64 == 0), per-row scales [M], gathered outliers [M, C].
   // Many rows on AVX2 without VNNI: the int16 GEMM (w8a8_i16_avx2.inc), which also needs
-  // the activations widened to int16 [M, Kp], after the rest.
+  // the activations widened to int16 [M, Kp] (x16, after the rest).
   const bool i16 = active_isa() == Isa::Avx2 && M >= kI16MinRows;
   const int64_t x16_offset = ceil_div(2 * M * Kp + 4 * M * (1 + C), 64) * 64;
   const Scratch work(Scratch::kW8, x16_offset + (i16 ? 2 * M * Kp : 0));
@@ -97,7 +99,8 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
   uint8_t* ax = work.data() + M * Kp;
   float* sx = reinterpret_cast<float*>(work.data() + 2 * M * Kp);
   float* xo = sx + M;
-  quantize_rows(x, C ? idx.data() : nullptr, C, Kp, qx, ax, sx, xo);
+  int16_t* x16 = i16 ? reinterpret_cast<int16_t*>(work.data() + x16_offset) : nullptr;
+  quantize_rows(x, C ? idx.data() : nullptr, C, Kp, qx, ax, sx, xo, x16);
   // Fused outliers. M = 1 (decode): the tile epilogue adds each output's C-long dot
   // product, reading the outlier weights once in their own dtype. M > 1: one pass over
   // the [N, C] outlier weights after the tiles (outlier_products_*), also in their own
@@ -116,8 +119,6 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
     default: break;
   }
   if (i16) {
-    int16_t* x16 = reinterpret_cast<int16_t*>(work.data() + x16_offset);
-    at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) { widen_rows_i16(qx + m0 * Kp, (m1 - m0) * Kp, x16 + m0 * Kp); });
     // contiguous runs of 16-column panels per thread
     at::parallel_for(0, ceil_div(N, kI16Cols), 1, [&](int64_t b0, int64_t b1) {
       const Scratch mine(Scratch::kW8Panel, i16_thread_bytes(M));
