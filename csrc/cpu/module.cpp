@@ -1,10 +1,12 @@
 // Python module entry for compress._C. Importing it runs the static
 // TORCH_LIBRARY_IMPL registrations of every kernel file in csrc/cpu/, and exposes
 // the run-time ISA query / override used by compress.ops (cpu_isa, set_cpu_isa), the
+// W8A8 int16 GEMM's row threshold (set_w8a8_int16_min_rows), the
 // compute-peak probe and the DecodePlan class (decode_plan.cpp).
 #include <Python.h>
 
 #include "cpu/kernel_common.h"
+#include "cpu/w8a8_kernel.h"
 
 static PyObject* py_cpu_isa(PyObject*, PyObject*) {
   return PyUnicode_FromString(compress_cpu::isa_name(compress_cpu::active_isa()));
@@ -24,6 +26,16 @@ static PyObject* py_set_cpu_isa(PyObject*, PyObject* arg) {
   return PyUnicode_FromString(compress_cpu::isa_name(compress_cpu::active_isa()));
 }
 
+static PyObject* py_set_w8a8_int16_min_rows(PyObject*, PyObject* arg) {
+  const long long rows = PyLong_AsLongLong(arg);
+  if (rows == -1 && PyErr_Occurred()) return nullptr;
+  if (rows < 1) {
+    PyErr_Format(PyExc_ValueError, "set_w8a8_int16_min_rows: rows must be >= 1, got %lld", rows);
+    return nullptr;
+  }
+  return PyLong_FromLongLong(compress_cpu::w8::set_int16_min_rows(rows));
+}
+
 PyObject* py_compute_peak(PyObject*, PyObject* args);  // compute_peak.cpp
 int register_decode_plan(PyObject* module);             // decode_plan.cpp
 
@@ -32,6 +44,9 @@ static PyMethodDef compress_c_methods[] = {
     {"cpu_isa_detected", py_cpu_isa_detected, METH_NOARGS, "Best ISA this CPU supports."},
     {"set_cpu_isa", py_set_cpu_isa, METH_O,
      "Caps the kernels' ISA (auto, avx512_vnni, avx2, scalar); returns the ISA now active."},
+    {"set_w8a8_int16_min_rows", py_set_w8a8_int16_min_rows, METH_O,
+     "Fewest rows for which W8A8 on AVX2 takes the int16 GEMM (the same bits as the byte tiles); "
+     "returns the previous value."},
     {"compute_peak", py_compute_peak, METH_VARARGS,
      "compute_peak(recipe, iters): runs a register-only GEMM-step loop (fp32_fma, int8_avx2, int8_vnni) "
      "iters times on every intra-op thread; returns the multiply-accumulates done."},

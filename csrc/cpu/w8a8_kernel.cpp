@@ -19,6 +19,7 @@
 
 #include <immintrin.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -60,6 +61,12 @@ inline void quantize_rows(const at::Tensor& x, const int64_t* idx, int64_t C, in
 #include "cpu/w8a8_tile_vnni.inc"
 #pragma GCC pop_options
 
+namespace {
+std::atomic<int64_t> int16_min_rows{kI16MinRows};
+}  // namespace
+
+int64_t set_int16_min_rows(int64_t rows) { return int16_min_rows.exchange(rows); }
+
 // Runs the whole op: quantize, tiles over the intra-op pool, cast to x's dtype.
 at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::Tensor& wscale_in,
                const at::Tensor* outlier_idx, const at::Tensor* outlier_weight, bool tiled, const char* op,
@@ -92,7 +99,7 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
   // |values| [M, Kp] each (Kp % 64 == 0), per-row scales [M], gathered outliers [M, C].
   // Many rows on AVX2 without VNNI: the int16 GEMM (w8a8_i16_avx2.inc), which also needs
   // the activations widened to int16 [M, Kp] (x16, after the rest).
-  const bool i16 = active_isa() == Isa::Avx2 && M >= kI16MinRows;
+  const bool i16 = active_isa() == Isa::Avx2 && M >= int16_min_rows.load(std::memory_order_relaxed);
   const int64_t x16_offset = ceil_div(2 * M * Kp + 4 * M * (1 + C), 64) * 64;
   const Scratch work(Scratch::kW8, x16_offset + (i16 ? 2 * M * Kp : 0));
   int8_t* qx = reinterpret_cast<int8_t*>(work.data());

@@ -15,5 +15,10 @@ at::Tensor run(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor&
                const at::Tensor* outlier_idx, const at::Tensor* outlier_weight, bool tiled, const char* op,
                at::Tensor* out = nullptr);
 
+// Fewest rows for which the AVX2 path takes the int16 GEMM (w8a8_i16_avx2.inc) instead
+// of the byte tiles (default kI16MinRows); returns the previous value. A tuning knob:
+// both give the same bits, and scripts/ab_w8a8_int16.py times one against the other.
+int64_t set_int16_min_rows(int64_t rows);
+
 }  // namespace w8
 }  // namespace compress_cpu

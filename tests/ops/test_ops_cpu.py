@@ -215,6 +215,19 @@ def test_w8a8_rows_do_not_depend_on_the_batch(isa, shape):
         whole = call(x)
         alone = torch.cat([call(x[[i, min(i + 1, m - 1)]])[: m - i] for i in range(0, m, 2)])
         assert torch.equal(whole, alone), f"{name}: max diff {(whole - alone).abs().max().item()}"
+        before = ops.set_w8a8_int16_min_rows(1 << 62)  # the same call on the byte tiles
+        try:
+            bytes_path = call(x)
+        finally:
+            ops.set_w8a8_int16_min_rows(before)
+        assert torch.equal(whole, bytes_path), f"{name}: max diff {(whole - bytes_path).abs().max().item()}"
+
+
+def test_w8a8_int16_threshold_is_checked_and_restorable():
+    before = ops.set_w8a8_int16_min_rows(7)
+    assert ops.set_w8a8_int16_min_rows(before) == 7
+    with pytest.raises(ValueError, match="rows must be >= 1"):
+        ops.set_w8a8_int16_min_rows(0)
 
 
 @pytest.mark.parametrize("n,k", [(8, 128), (11, 256), (3, 64), (9, 96)])
