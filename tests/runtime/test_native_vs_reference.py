@@ -4,7 +4,9 @@ output is identical. The native int4 kernel quantizes activations to int8 blocks
 (as llama.cpp does): its logits differ from the reference by ~0.1, so greedy decoding
 may take the other branch at a near-tie; it must agree everywhere else."""
 import pytest
+import torch
 
+from compress import ops
 from compress.ops import native_available
 from compress.runtime import LLM, SamplingParams
 from embedded_rtn import PROMPTS, assert_follows_reference, export_rtn
@@ -21,3 +23,19 @@ def test_greedy_native_equals_reference_on_embedded_model(tmp_path, embedded, bi
         return
     # int4: every next-token choice of the native path equals the reference's but at near-ties
     assert_follows_reference(ref_llm, nat_llm, ref, "native int4")
+
+
+@pytest.mark.skipif(not native_available("cpu"), reason="native CPU kernels not built")
+def test_int8_forward_same_bits_with_and_without_the_int16_gemm(tmp_path, embedded):
+    """A 48-token forward runs its W8A8 linears at M = 48: on AVX2 the int16 GEMM
+    (csrc/cpu/w8a8_i16_avx2.inc), or, with its row threshold raised, the byte tiles. The
+    logits must be the same bits."""
+    llm = LLM(export_rtn(embedded, 8, tmp_path / "q"), kernels="native")
+    ids = (torch.arange(48) * 7 % 200 + 5).unsqueeze(0)
+    with_int16 = llm.logits(ids)
+    before = ops.set_w8a8_int16_min_rows(1 << 62)
+    try:
+        with_bytes = llm.logits(ids)
+    finally:
+        ops.set_w8a8_int16_min_rows(before)
+    assert torch.isfinite(with_int16).all() and torch.equal(with_int16, with_bytes)
