@@ -13,8 +13,8 @@ import torch
 from compress import ops
 
 # multiply-accumulates per loop step of each recipe (csrc/cpu/compute_peak.cpp)
-MACS_PER_STEP = {"fp32_fma": 96, "int8_avx2": 256, "int8_vnni": 1024}
-RECIPE_ISA = {"fp32_fma": "avx2", "int8_avx2": "avx2", "int8_vnni": "avx512_vnni"}
+MACS_PER_STEP = {"fp32_fma": 96, "int8_avx2": 256, "int16_avx2": 192, "int8_vnni": 1024}
+RECIPE_ISA = {"fp32_fma": "avx2", "int8_avx2": "avx2", "int16_avx2": "avx2", "int8_vnni": "avx512_vnni"}
 
 
 def available_recipes() -> list[str]:
@@ -24,6 +24,17 @@ def available_recipes() -> list[str]:
     have = ops.cpu_isas_available()  # best first, down to scalar
     active = have.index(ops.cpu_isa())  # the ISA cap counts
     return [r for r, isa in RECIPE_ISA.items() if isa in have and have.index(isa) >= active]
+
+
+def w8a8_recipe(m: int, isa: str, int16_min_rows: int) -> str | None:
+    """The recipe whose instruction mix the W8A8 ops run at ``m`` rows with ``isa`` active
+    (csrc/cpu/w8a8_kernel.cpp): the VNNI tiles; on AVX2 the int16 GEMM from
+    ``int16_min_rows`` rows, else the byte tiles; None for the scalar path."""
+    if isa == "avx512_vnni":
+        return "int8_vnni"
+    if isa == "avx2":
+        return "int16_avx2" if m >= int16_min_rows else "int8_avx2"
+    return None
 
 
 def compute_peak(recipe: str, seconds: float = 0.05, reps: int = 5) -> dict:

@@ -88,6 +88,11 @@ def set_w8a8_int16_min_rows(rows: int) -> int:
     return _cpu_module().set_w8a8_int16_min_rows(int(rows))
 
 
+def w8a8_int16_min_rows() -> int:
+    """The current row threshold of the W8A8 int16 GEMM (see set_w8a8_int16_min_rows)."""
+    return _cpu_module().w8a8_int16_min_rows()
+
+
 class force_cpu_isa:
     """Context manager: ``with force_cpu_isa("scalar"): ...``; restores 'auto' after."""
 

@@ -10,12 +10,16 @@
 //   fp32_fma   12 accumulators x 8 lanes, 12 FMAs per step (an AVX2 sgemm micro-tile)
 //   int8_avx2  the W8A8 AVX2 4 x 2 tile: per step 4 vpabsb and 8 x (vpsignb, vpmaddubsw,
 //              vpmaddwd, vpaddd), 256 MACs
+//   int16_avx2 the W8A8 int16 6 x 16 tile (w8a8_i16_avx2.inc, AVX2 without VNNI, many
+//              rows) on L1-resident operands: per step (one k pair) 2 panel loads, 6 int32
+//              broadcasts and 12 x (vpmaddwd, vpaddd), 192 MACs
 //   int8_vnni  the W8A8 VNNI 4 x 4 tile: 16 x (masked vpsubb, vpdpbusd) on 64 bytes, 1024 MACs
 #include <Python.h>
 
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <stdexcept>
@@ -68,6 +72,40 @@ int64_t peak_int8_avx2(int64_t iters, int8_t one) {
     for (auto& a : row) s += hsum256_epi32(a);
   return s;
 }
+int64_t peak_int16_avx2(int64_t iters, int16_t one) {
+  // One step is one k pair of the tile: the panel's two 8-column halves and each row's
+  // pair, loaded from L1 as the tile loads them, in runs of up to kRun pairs. (With the
+  // halves held in registers, GCC spilled accumulators: the tile needs all 16 ymm.)
+  constexpr int64_t kRun = 32;
+  __m256i acc[6][2];
+  for (auto& row : acc)
+    for (auto& a : row) a = _mm256_setzero_si256();
+  alignas(32) int16_t w[kRun][32], x[6][2 * kRun];
+  std::fill(&w[0][0], &w[0][0] + sizeof(w) / 2, one);
+  std::fill(&x[0][0], &x[0][0] + sizeof(x) / 2, one);
+  const int16_t* wp = &w[0][0];
+  const int16_t* xp = &x[0][0];
+  for (int64_t done = 0; done < iters;) {
+    const int64_t run = std::min(kRun, iters - done);
+    for (int64_t p = 0; p < run; ++p) {
+      const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(wp + 32 * p));
+      const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(wp + 32 * p + 16));
+      for (int m = 0; m < 6; ++m) {
+        int32_t v;
+        std::memcpy(&v, xp + 2 * kRun * m + 2 * p, 4);
+        const __m256i xb = _mm256_set1_epi32(v);
+        acc[m][0] = _mm256_add_epi32(acc[m][0], _mm256_madd_epi16(w0, xb));
+        acc[m][1] = _mm256_add_epi32(acc[m][1], _mm256_madd_epi16(w1, xb));
+      }
+    }
+    done += run;
+    __asm__ volatile("" : "+r"(wp), "+r"(xp));
+  }
+  int64_t s = 0;
+  for (auto& row : acc)
+    for (auto& a : row) s += hsum256_epi32(a);
+  return s;
+}
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -114,11 +152,14 @@ int64_t compute_peak(const char* recipe, int64_t iters) {
   } else if (std::strcmp(recipe, "int8_avx2") == 0) {
     if (active_isa() < Isa::Avx2) throw std::runtime_error("int8_avx2 needs AVX2");
     loop = [](int64_t n) { return peak_int8_avx2(n, 1); };
+  } else if (std::strcmp(recipe, "int16_avx2") == 0) {
+    if (active_isa() < Isa::Avx2) throw std::runtime_error("int16_avx2 needs AVX2");
+    loop = [](int64_t n) { return peak_int16_avx2(n, 1); };
   } else if (std::strcmp(recipe, "int8_vnni") == 0) {
     if (active_isa() < Isa::Avx512Vnni) throw std::runtime_error("int8_vnni needs AVX-512 VNNI");
     loop = [](int64_t n) { return peak_int8_vnni(n, 1); };
   } else {
-    throw std::invalid_argument("unknown recipe; choose fp32_fma, int8_avx2 or int8_vnni");
+    throw std::invalid_argument("unknown recipe; choose fp32_fma, int8_avx2, int16_avx2 or int8_vnni");
   }
   const int threads = at::get_num_threads();
   std::atomic<int64_t> total{0};

@@ -1,7 +1,7 @@
 // Python module entry for compress._C. Importing it runs the static
 // TORCH_LIBRARY_IMPL registrations of every kernel file in csrc/cpu/, and exposes
 // the run-time ISA query / override used by compress.ops (cpu_isa, set_cpu_isa), the
-// W8A8 int16 GEMM's row threshold (set_w8a8_int16_min_rows), the
+// W8A8 int16 GEMM's row threshold (set_w8a8_int16_min_rows, w8a8_int16_min_rows), the
 // compute-peak probe and the DecodePlan class (decode_plan.cpp).
 #include <Python.h>
 
@@ -36,6 +36,10 @@ static PyObject* py_set_w8a8_int16_min_rows(PyObject*, PyObject* arg) {
   return PyLong_FromLongLong(compress_cpu::w8::set_int16_min_rows(rows));
 }
 
+static PyObject* py_w8a8_int16_min_rows(PyObject*, PyObject*) {
+  return PyLong_FromLongLong(compress_cpu::w8::int16_min_rows());
+}
+
 PyObject* py_compute_peak(PyObject*, PyObject* args);  // compute_peak.cpp
 int register_decode_plan(PyObject* module);             // decode_plan.cpp
 
@@ -47,8 +51,11 @@ static PyMethodDef compress_c_methods[] = {
     {"set_w8a8_int16_min_rows", py_set_w8a8_int16_min_rows, METH_O,
      "Fewest rows for which W8A8 on AVX2 takes the int16 GEMM (the same bits as the byte tiles); "
      "returns the previous value."},
+    {"w8a8_int16_min_rows", py_w8a8_int16_min_rows, METH_NOARGS,
+     "Fewest rows for which W8A8 on AVX2 takes the int16 GEMM (set_w8a8_int16_min_rows)."},
     {"compute_peak", py_compute_peak, METH_VARARGS,
-     "compute_peak(recipe, iters): runs a register-only GEMM-step loop (fp32_fma, int8_avx2, int8_vnni) "
+     "compute_peak(recipe, iters): runs a register-only GEMM-step loop (fp32_fma, int8_avx2, int16_avx2, "
+     "int8_vnni) "
      "iters times on every intra-op thread; returns the multiply-accumulates done."},
     {nullptr, nullptr, 0, nullptr}};
 

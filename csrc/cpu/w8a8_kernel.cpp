@@ -62,10 +62,11 @@ inline void quantize_rows(const at::Tensor& x, const int64_t* idx, int64_t C, in
 #pragma GCC pop_options
 
 namespace {
-std::atomic<int64_t> int16_min_rows{kI16MinRows};
+std::atomic<int64_t> int16_rows{kI16MinRows};
 }  // namespace
 
-int64_t set_int16_min_rows(int64_t rows) { return int16_min_rows.exchange(rows); }
+int64_t set_int16_min_rows(int64_t rows) { return int16_rows.exchange(rows); }
+int64_t int16_min_rows() { return int16_rows.load(std::memory_order_relaxed); }
 
 // Runs the whole op: quantize, tiles over the intra-op pool, cast to x's dtype.
 at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::Tensor& wscale_in,
@@ -99,7 +100,7 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
   // |values| [M, Kp] each (Kp % 64 == 0), per-row scales [M], gathered outliers [M, C].
   // Many rows on AVX2 without VNNI: the int16 GEMM (w8a8_i16_avx2.inc), which also needs
   // the activations widened to int16 [M, Kp] (x16, after the rest).
-  const bool i16 = active_isa() == Isa::Avx2 && M >= int16_min_rows.load(std::memory_order_relaxed);
+  const bool i16 = active_isa() == Isa::Avx2 && M >= int16_min_rows();
   const int64_t x16_offset = ceil_div(2 * M * Kp + 4 * M * (1 + C), 64) * 64;
   const Scratch work(Scratch::kW8, x16_offset + (i16 ? 2 * M * Kp : 0));
   int8_t* qx = reinterpret_cast<int8_t*>(work.data());

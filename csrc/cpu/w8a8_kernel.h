@@ -19,6 +19,7 @@ at::Tensor run(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor&
 // of the byte tiles (default kI16MinRows); returns the previous value. A tuning knob:
 // both give the same bits, and scripts/ab_w8a8_int16.py times one against the other.
 int64_t set_int16_min_rows(int64_t rows);
+int64_t int16_min_rows();  // the current value
 
 }  // namespace w8
 }  // namespace compress_cpu

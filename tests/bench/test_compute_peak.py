@@ -30,7 +30,7 @@ def test_probe_does_exactly_the_counted_work(threads):
 @native
 def test_probe_rejects_bad_input():
     c = importlib.import_module("compress._C")
-    with pytest.raises(ValueError, match="int9_avx2.*unknown recipe"):
+    with pytest.raises(ValueError, match="int9_avx2.*unknown recipe.*int16_avx2"):
         c.compute_peak("int9_avx2", 10)
     with pytest.raises(ValueError, match="iters"):
         c.compute_peak("fp32_fma", 1 << 25)
@@ -66,16 +66,40 @@ def _rec(impl, m, seconds, op="w8a8", n=64, k=64):
 def test_large_m_summary_ratios_peaks_and_verdict():
     m, n, k = 64, 64, 64
     macs = m * n * k
-    # fp32 matmul at 1 GMAC/s, ours at 3 GMAC/s (3x); peaks: fp32 2, int8 4 GMAC/s
+    # fp32 matmul at 1 GMAC/s, ours at 3 GMAC/s (3x); peaks: fp32 2, byte tiles 4, int16 6 GMAC/s
     records = [_rec("torch matmul fp32", m, macs / 1e9, op="dense"), _rec("compress fp32", m, macs / 3e9),
                _rec("compress fp32", 4, 1.0)]  # M < 64: not summarised
-    peaks = {"fp32_fma": {"median_gmacs": 2.0}, "int8_avx2": {"median_gmacs": 4.0}}
+    peaks = {"fp32_fma": {"median_gmacs": 2.0}, "int8_avx2": {"median_gmacs": 4.0},
+             "int16_avx2": {"median_gmacs": 6.0}}
     lines = []
-    kernels._large_m_summary(records, peaks, lines.append)
+    # M = 64 below the int16 threshold: the byte tiles' peak
+    kernels._large_m_summary(records, peaks, lines.append, isa="avx2", int16_min_rows=65)
     assert len(lines) == 2
-    assert "3.0 GMAC/s" in lines[0] and "75% of the int8 peak" in lines[0] and "3.00x fp32 matmul" in lines[0]
+    assert "3.0 GMAC/s" in lines[0] and "75% of the int8_avx2 peak" in lines[0] and "3.00x fp32 matmul" in lines[0]
     assert "50% of the fp32 peak" in lines[0]
-    assert "3.00-3.00x over 1 cases" in lines[1] and "met" in lines[1] and "peak on this CPU = 2.00" in lines[1]
+    assert "3.00-3.00x over 1 cases" in lines[1] and "met" in lines[1] and "int8_avx2 2.00" in lines[1]
+    # from the threshold on: the int16 GEMM's peak
     lines.clear()
-    kernels._large_m_summary([records[0], _rec("compress fp32", m, macs / 1.5e9)], {}, lines.append)
+    kernels._large_m_summary(records, peaks, lines.append, isa="avx2", int16_min_rows=64)
+    assert "50% of the int16_avx2 peak" in lines[0] and "int16_avx2 3.00" in lines[1] and "int8_avx2" not in lines[1]
+    lines.clear()
+    kernels._large_m_summary([records[0], _rec("compress fp32", m, macs / 1.5e9)], {}, lines.append,
+                             isa="avx2", int16_min_rows=32)
     assert "1.50-1.50x" in lines[-1] and "missed" in lines[-1] and "peak" not in lines[-1]
+
+
+def test_w8a8_recipe_follows_the_kernel_paths():
+    assert compute.w8a8_recipe(64, "avx512_vnni", 32) == "int8_vnni"
+    assert compute.w8a8_recipe(31, "avx2", 32) == "int8_avx2"
+    assert compute.w8a8_recipe(32, "avx2", 32) == "int16_avx2"
+    assert compute.w8a8_recipe(256, "scalar", 32) is None
+
+
+@native
+def test_int16_min_rows_getter_follows_the_setter():
+    old = ops.set_w8a8_int16_min_rows(77)
+    try:
+        assert ops.w8a8_int16_min_rows() == 77
+    finally:
+        ops.set_w8a8_int16_min_rows(old)
+    assert ops.w8a8_int16_min_rows() == old
