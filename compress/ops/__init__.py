@@ -82,7 +82,7 @@ def set_cpu_isa(name: str) -> str:
 
 def set_w8a8_int16_min_rows(rows: int) -> int:
     """Fewest rows (M) for which the W8A8 ops on AVX2 without VNNI take the int16 GEMM
-    instead of the byte tiles (default 32; csrc/cpu/w8a8_i16_avx2.inc); returns the
+    instead of the byte tiles (default 16; csrc/cpu/w8a8_i16_avx2.inc); returns the
     previous value. Both give the same bits: a tuning knob, and what
     scripts/ab_w8a8_int16.py uses to time one against the other."""
     return _cpu_module().set_w8a8_int16_min_rows(int(rows))

@@ -130,7 +130,7 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
     // Panels are handed out kI16PanelsPerGrab at a time from a shared counter: the
     // two vCPUs of the development VMs run at different speeds from call to call, and
     // a static half each left the faster one idle (same-process A/B, M = 256, 5
-    // shapes: 1.00-1.22x the static split; M = 64: 1.03-1.24x).
+    // shapes: 1.00-1.23x the static split; M = 64: 1.04-1.25x).
     std::atomic<int64_t> next{0};
     const int64_t panels = ceil_div(N, kI16Cols);
     at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), ceil_div(panels, kI16PanelsPerGrab)), 1,

@@ -20,4 +20,4 @@ def test_ab_w8a8_int16_runs_and_compares(repo_root, tmp_path):
     lines = [line for line in proc.stdout.splitlines() if line.startswith("M=")]
     assert len(lines) == 4 and not any("DIFFER" in line for line in lines)
     assert all("int16/bytes" in line and "bytes/fp32" in line for line in lines)
-    assert "int16 GEMM from M=32" in proc.stdout
+    assert "int16 GEMM from M=16" in proc.stdout

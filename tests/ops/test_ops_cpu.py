@@ -191,9 +191,12 @@ def test_w8a8_prepared_matches_canonical(isa, shape):
                                reference.w8a8_outlier_gemm(x, q, s, idx, ow), rtol=0, atol=0)
 
 
-# (M, N, K): M at the int16 GEMM's threshold and past a 4-row tile; N not a multiple of 16
-# (nor of 4); K with a row-major tail (K % 64 != 0), and K over two of its 8192-wide blocks.
-@pytest.mark.parametrize("shape", [(64, 37, 100), (70, 50, 256), (67, 20, 8200), (64, 16, 8256)],
+# (M, N, K): M at the int16 GEMM's threshold (16) and past its 6-row tiles (4- and 1-row
+# tails); N not a multiple of 16 (nor of 4), and N of 10 panels (three grabs of 4 from the
+# threads' shared counter); K with a row-major tail (K % 64 != 0), and K over two of its
+# 8192-wide blocks.
+@pytest.mark.parametrize("shape", [(16, 24, 128), (23, 150, 192), (64, 37, 100), (70, 50, 256), (67, 20, 8200),
+                                   (64, 16, 8256)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_w8a8_rows_do_not_depend_on_the_batch(isa, shape):
     """Every row of a many-row call equals the same row computed in a two-row call, bit
