@@ -93,6 +93,24 @@ def w8a8_int16_min_rows() -> int:
     return _cpu_module().w8a8_int16_min_rows()
 
 
+def set_w8a8_amx_min_rows(rows: int) -> int:
+    """Fewest rows (M) for which the W8A8 ops at the avx512_vnni level take the AMX-INT8
+    tiles instead of the VNNI tiles, where the CPU and OS allow AMX (default 16, never one row;
+    csrc/cpu/w8a8_amx.inc); returns the previous value. Both give the same bits: a
+    tuning knob, and what scripts/ab_w8a8_amx.py uses to time one against the other."""
+    return _cpu_module().set_w8a8_amx_min_rows(int(rows))
+
+
+def w8a8_amx_min_rows() -> int:
+    """The current row threshold of the W8A8 AMX tiles (see set_w8a8_amx_min_rows)."""
+    return _cpu_module().w8a8_amx_min_rows()
+
+
+def w8a8_amx_available() -> bool:
+    """Whether this CPU has AMX-INT8 and the OS lets this process use the tiles."""
+    return bool(_cpu_module().w8a8_amx_available())
+
+
 class force_cpu_isa:
     """Context manager: ``with force_cpu_isa("scalar"): ...``; restores 'auto' after."""
 

@@ -18,6 +18,11 @@
 #include "cpu/w8a8_common.h"
 
 #include <immintrin.h>
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include <atomic>
 #include <cmath>
@@ -61,12 +66,44 @@ inline void quantize_rows(const at::Tensor& x, const int64_t* idx, int64_t C, in
 #include "cpu/w8a8_tile_vnni.inc"
 #pragma GCC pop_options
 
+// ---- AMX-INT8 (on top of the AVX-512 VNNI level) ------------------------------------
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")
+#include "cpu/w8a8_amx.inc"
+#pragma GCC pop_options
+
 namespace {
 std::atomic<int64_t> int16_rows{kI16MinRows};
+std::atomic<int64_t> amx_rows{kAmxMinRows};
+
+// AMX-TILE and AMX-INT8 in CPUID, the tile state enabled in XCR0, and Linux's
+// permission for this process to use the tile data (ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA; without it the first tile load faults). Asked once.
+bool detect_amx_int8() {
+#if defined(__x86_64__) && defined(__linux__)
+  unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  if (!(edx & (1u << 24)) || !(edx & (1u << 25))) return false;  // AMX-TILE, AMX-INT8
+  unsigned int xlo, xhi;
+  __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+  (void)xhi;
+  if ((xlo & (3u << 17)) != (3u << 17)) return false;  // XTILECFG, XTILEDATA
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
 }  // namespace
 
 int64_t set_int16_min_rows(int64_t rows) { return int16_rows.exchange(rows); }
 int64_t int16_min_rows() { return int16_rows.load(std::memory_order_relaxed); }
+int64_t set_amx_min_rows(int64_t rows) { return amx_rows.exchange(rows); }
+int64_t amx_min_rows() { return amx_rows.load(std::memory_order_relaxed); }
+bool amx_available() {
+  static const bool ok = detect_amx_int8();
+  return ok;
+}
 
 // Runs the whole op: quantize, tiles over the intra-op pool, cast to x's dtype.
 at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::Tensor& wscale_in,
@@ -100,9 +137,13 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
   // |values| [M, Kp] each (Kp % 64 == 0), per-row scales [M], gathered outliers [M, C].
   // Many rows on AVX2 without VNNI: the int16 GEMM (w8a8_i16_avx2.inc), which also needs
   // the activations widened to int16 [M, Kp] (x16, after the rest).
+  // Many rows on CPUs with AMX-INT8: tile matrix multiplies (w8a8_amx.inc), which need
+  // the activations rearranged into tdpbssd's B layout (xb, in the same place). Never
+  // one row: its fused outliers go in the VNNI tiles' epilogue (below).
   const bool i16 = active_isa() == Isa::Avx2 && M >= int16_min_rows();
+  const bool amx = active_isa() == Isa::Avx512Vnni && M >= std::max<int64_t>(2, amx_min_rows()) && amx_available();
   const int64_t x16_offset = ceil_div(2 * M * Kp + 4 * M * (1 + C), 64) * 64;
-  const Scratch work(Scratch::kW8, x16_offset + (i16 ? 2 * M * Kp : 0));
+  const Scratch work(Scratch::kW8, x16_offset + (i16 ? 2 * M * Kp : amx ? amx_activation_bytes(M, Kp) : 0));
   int8_t* qx = reinterpret_cast<int8_t*>(work.data());
   uint8_t* ax = work.data() + M * Kp;
   float* sx = reinterpret_cast<float*>(work.data() + 2 * M * Kp);
@@ -126,7 +167,21 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
     case Isa::Avx2: kernel = block_avx2; break;
     default: break;
   }
-  if (i16) {
+  if (amx) {
+    int8_t* xb = reinterpret_cast<int8_t*>(work.data() + x16_offset);
+    at::parallel_for(0, amx_padded_rows(M) / 16, 1, [&](int64_t b0, int64_t b1) { build_amx_activations(a, b0, b1, xb); });
+    // 32-column panels from a shared counter, as the int16 GEMM's (below).
+    std::atomic<int64_t> next{0};
+    const int64_t panels = ceil_div(N, kAmxCols);
+    at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), ceil_div(panels, kAmxPanelsPerGrab)), 1,
+                     [&](int64_t, int64_t) {
+      const Scratch mine(Scratch::kW8Panel, amx_thread_bytes(Kp));
+      amx_load_config();
+      for (int64_t p0; (p0 = next.fetch_add(kAmxPanelsPerGrab, std::memory_order_relaxed)) < panels;)
+        block_amx(a, xb, p0, std::min(panels, p0 + kAmxPanelsPerGrab), mine.data());
+      amx_release();
+    });
+  } else if (i16) {
     // Panels are handed out kI16PanelsPerGrab at a time from a shared counter: the
     // two vCPUs of the development VMs run at different speeds from call to call, and
     // a static half each left the faster one idle (same-process A/B, M = 256, 5

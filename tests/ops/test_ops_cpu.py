@@ -191,48 +191,6 @@ def test_w8a8_prepared_matches_canonical(isa, shape):
                                reference.w8a8_outlier_gemm(x, q, s, idx, ow), rtol=0, atol=0)
 
 
-# (M, N, K): M at the int16 GEMM's threshold (16) and past its 6-row tiles (4- and 1-row
-# tails); N not a multiple of 16 (nor of 4), and N of 10 panels (three grabs of 4 from the
-# threads' shared counter); K with a row-major tail (K % 64 != 0), and K over two of its
-# 8192-wide blocks.
-@pytest.mark.parametrize("shape", [(16, 24, 128), (23, 150, 192), (64, 37, 100), (70, 50, 256), (67, 20, 8200),
-                                   (64, 16, 8256)],
-                         ids=lambda s: "x".join(map(str, s)))
-def test_w8a8_rows_do_not_depend_on_the_batch(isa, shape):
-    """Every row of a many-row call equals the same row computed in a two-row call, bit
-    for bit: on AVX2 the many-row call takes the int16 GEMM (w8a8_i16_avx2.inc), two rows
-    the byte tiles, and both must give the same exact int32 sums rounded the same way.
-    (Two rows, not one: a one-row call adds fused outliers in the tile epilogue, whose
-    float sums round differently from the many-row pass.)"""
-    m, n, k = shape
-    q, s = make_int8(n, k)
-    tiled = reference.w8a8_tile_cpu(q)
-    x = torch.randn(m, k)
-    idx, ow = torch.tensor([1, k // 3]), torch.randn(n, 2)
-    calls = {
-        "canonical": lambda xx: torch.ops.compress.w8a8_gemm(xx, q, s),
-        "prepared": lambda xx: torch.ops.compress.w8a8_gemm_prepared(xx, tiled, s),
-        "outlier": lambda xx: torch.ops.compress.w8a8_outlier_gemm_prepared(xx, tiled, s, idx, ow),
-    }
-    for name, call in calls.items():
-        whole = call(x)
-        alone = torch.cat([call(x[[i, min(i + 1, m - 1)]])[: m - i] for i in range(0, m, 2)])
-        assert torch.equal(whole, alone), f"{name}: max diff {(whole - alone).abs().max().item()}"
-        before = ops.set_w8a8_int16_min_rows(1 << 62)  # the same call on the byte tiles
-        try:
-            bytes_path = call(x)
-        finally:
-            ops.set_w8a8_int16_min_rows(before)
-        assert torch.equal(whole, bytes_path), f"{name}: max diff {(whole - bytes_path).abs().max().item()}"
-
-
-def test_w8a8_int16_threshold_is_checked_and_restorable():
-    before = ops.set_w8a8_int16_min_rows(7)
-    assert ops.set_w8a8_int16_min_rows(before) == 7
-    with pytest.raises(ValueError, match="rows must be >= 1"):
-        ops.set_w8a8_int16_min_rows(0)
-
-
 @pytest.mark.parametrize("n,k", [(8, 128), (11, 256), (3, 64), (9, 96)])
 def test_w8a8_tile_cpu_layout(n, k):
     """Each group of 4 rows is stored with its 64-byte chunks interleaved when K % 64 == 0;
