@@ -1,19 +1,22 @@
 #!/usr/bin/env python
-"""The W8A8 int16 GEMM (csrc/cpu/w8a8_i16_avx2.inc) against the byte tiles it replaces
-at many rows, measured in one process (AVX2 CPUs without VNNI; elsewhere both settings
-run the same kernel).
+"""A W8A8 many-row path against the tiles it replaces, measured in one process:
+`--path int16`, the int16 GEMM (csrc/cpu/w8a8_i16_avx2.inc) against the byte tiles
+(AVX2 CPUs without VNNI); `--path amx`, the AMX-INT8 tiles (csrc/cpu/w8a8_amx.inc)
+against the VNNI tiles (CPUs with AMX). Elsewhere both settings run the same kernel.
 
-    python scripts/ab_w8a8_int16.py --threads 2 --m 16 32 64 128 256 --rounds 5
-    python scripts/ab_w8a8_int16.py --threads 2 --model /tmp/bench-llama2/rtn-int8 --prompt-tokens 64 256
+    python scripts/ab_w8a8_many_rows.py --threads 2 --m 16 32 64 128 256 --rounds 5
+    python scripts/ab_w8a8_many_rows.py --path amx --threads 2 --m 8 16 32 64 256
+    python scripts/ab_w8a8_many_rows.py --threads 2 --model /tmp/bench-llama2/rtn-int8 --prompt-tokens 64 256
 
 For every M and shape, each round calls `w8a8_gemm_prepared` (fp32 x, row-tiled weights,
-warm caches) with the int16 GEMM on and off (compress.ops.set_w8a8_int16_min_rows)
-and fp32 `matmul`, alternating, so the machine's drift hits all three alike. Prints the
-median GMAC/s of each, the int16 / byte-tile ratio and both against fp32, and checks
-that the two int8 paths gave the same bits. With --model, the same for the prefill of a
-packed int8 checkpoint (one sequence per prompt length, the runtime's ModelRunner; its
-W8A8 linears run at M = the prompt length): prefill tokens/s with the int16 GEMM on and
-off, and whether the logits are the same bits.
+warm caches) with the path on and off (its row threshold: compress.ops.
+set_w8a8_int16_min_rows / set_w8a8_amx_min_rows) and fp32 `matmul`, alternating, so the
+machine's drift hits all three alike. Prints the median GMAC/s of each, the on / off
+ratio and both against fp32, and checks that the two int8 paths gave the same bits.
+With --model, the same for the prefill of a packed int8 checkpoint (one sequence per
+prompt length, the runtime's ModelRunner; its W8A8 linears run at M = the prompt
+length): prefill tokens/s with the path on and off, and whether the logits are the same
+bits.
 """
 from __future__ import annotations
 
@@ -31,10 +34,13 @@ from compress import ops  # noqa: E402
 from compress.ops.reference import w8a8_tile_cpu  # noqa: E402
 
 SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008), (14336, 4096), (2048, 8192)]
-NEVER = 1 << 62  # a row threshold no call reaches: the byte tiles
+NEVER = 1 << 62  # a row threshold no call reaches: the path is off
+# --path: (the threshold's setter, the label with the path on, with it off, what it is)
+PATHS = {"int16": (ops.set_w8a8_int16_min_rows, "int16", "bytes", "int16 GEMM"),
+         "amx": (ops.set_w8a8_amx_min_rows, "amx", "vnni", "AMX tiles")}
 
 
-def model_ab(path: str, prompt_lengths: list[int], rounds: int, default: int) -> bool:
+def model_ab(path: str, prompt_lengths: list[int], rounds: int, default: int, which: str) -> bool:
     """Prefill A/B on a checkpoint; False if the two paths' logits differ."""
     from compress.runtime.loading import open_checkpoint
     from compress.runtime.model_runner import ModelRunner
@@ -43,19 +49,20 @@ def model_ab(path: str, prompt_lengths: list[int], rounds: int, default: int) ->
     model = build_model(open_checkpoint(path))
     for length in prompt_lengths:
         prompt = [(7 * i) % (model.vocab_size - 5) + 5 for i in range(length)]
-        times: dict[str, list[float]] = {"int16": [], "bytes": []}
+        set_rows, on, off, _ = PATHS[which]
+        times: dict[str, list[float]] = {on: [], off: []}
         logits = {}
         for _ in range(rounds + 1):  # the first round warms up, untimed
-            for name, rows in (("int16", default), ("bytes", NEVER)):
-                ops.set_w8a8_int16_min_rows(rows)
+            for name, rows in ((on, default), (off, NEVER)):
+                set_rows(rows)
                 runner = ModelRunner(model)
                 t0 = time.perf_counter()
                 logits[name] = runner.prefill([prompt], length + 1)
                 times[name].append(time.perf_counter() - t0)
-        same = torch.equal(logits["int16"], logits["bytes"])
+        same = torch.equal(logits[on], logits[off])
         rate = {name: length / statistics.median(t[1:]) for name, t in times.items()}
-        print(f"prefill {length:5d} tokens: int16 {rate['int16']:7.1f}  bytes {rate['bytes']:7.1f} tok/s   "
-              f"int16/bytes {rate['int16'] / rate['bytes']:.2f}{'' if same else '   LOGITS DIFFER'}", flush=True)
+        print(f"prefill {length:5d} tokens: {on} {rate[on]:7.1f}  {off} {rate[off]:7.1f} tok/s   "
+              f"{on}/{off} {rate[on] / rate[off]:.2f}{'' if same else '   LOGITS DIFFER'}", flush=True)
         if not same:
             return False
     return True
@@ -63,6 +70,8 @@ def model_ab(path: str, prompt_lengths: list[int], rounds: int, default: int) ->
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--path", choices=sorted(PATHS), default=None,
+                   help="which many-row path to time (default: amx where the CPU has it, else int16)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--m", type=int, nargs="+", default=[16, 64, 256], help="rows M")
     p.add_argument("--shapes", nargs="+", default=[f"{n}x{k}" for n, k in SHAPES], help="NxK (out x in)")
@@ -75,14 +84,20 @@ def main(argv=None) -> int:
         return 1
     if args.threads:
         torch.set_num_threads(args.threads)
-    default = ops.set_w8a8_int16_min_rows(NEVER)
-    ops.set_w8a8_int16_min_rows(default)
-    print(f"# isa={ops.cpu_isa()} threads={torch.get_num_threads()} int16 GEMM from M={default}; "
+    if args.path is None:
+        args.path = "amx" if ops.cpu_isa() == "avx512_vnni" and ops.w8a8_amx_available() else "int16"
+    set_rows, on, off, what = PATHS[args.path]
+    default = set_rows(NEVER)
+    set_rows(default)
+    usable = {"int16": ops.cpu_isa() == "avx2",
+              "amx": ops.cpu_isa() == "avx512_vnni" and ops.w8a8_amx_available()}[args.path]
+    print(f"# isa={ops.cpu_isa()} threads={torch.get_num_threads()} {what} from M={default}"
+          f"{'' if usable else ' (not taken on this CPU: both sides run the same tiles)'}; "
           f"medians of {args.rounds} alternating rounds, warm caches")
     gemm = torch.ops.compress.w8a8_gemm_prepared
     try:
         if args.model:
-            return 0 if model_ab(args.model, args.prompt_tokens, args.rounds, default) else 1
+            return 0 if model_ab(args.model, args.prompt_tokens, args.rounds, default, args.path) else 1
         for m in args.m:
             for shape in args.shapes:
                 n, k = (int(v) for v in shape.lower().split("x"))
@@ -91,26 +106,26 @@ def main(argv=None) -> int:
                 s = torch.rand(n, generator=g) * 0.01 + 1e-3
                 x = torch.randn(m, k, generator=g)
                 wf = torch.randn(n, k, generator=g)
-                runs = {"int16": (1, lambda: gemm(x, q, s)), "bytes": (NEVER, lambda: gemm(x, q, s)),
+                runs = {on: (1, lambda: gemm(x, q, s)), off: (NEVER, lambda: gemm(x, q, s)),
                         "fp32": (default, lambda: x @ wf.t())}
                 times: dict[str, list[float]] = {name: [] for name in runs}
                 outs = {}
                 for _ in range(args.rounds + 1):  # the first round warms up, untimed
                     for name, (rows, fn) in runs.items():
-                        ops.set_w8a8_int16_min_rows(rows)
+                        set_rows(rows)
                         t0 = time.perf_counter()
                         outs[name] = fn()
                         times[name].append(time.perf_counter() - t0)
-                same = torch.equal(outs["int16"], outs["bytes"])
+                same = torch.equal(outs[on], outs[off])
                 rate = {name: m * n * k / statistics.median(t[1:]) / 1e9 for name, t in times.items()}
-                print(f"M={m:4d} {n:6d}x{k:<6d} int16 {rate['int16']:6.1f}  bytes {rate['bytes']:6.1f}  "
-                      f"fp32 {rate['fp32']:6.1f} GMAC/s   int16/bytes {rate['int16'] / rate['bytes']:.2f}  "
-                      f"int16/fp32 {rate['int16'] / rate['fp32']:.2f}  bytes/fp32 {rate['bytes'] / rate['fp32']:.2f}"
+                print(f"M={m:4d} {n:6d}x{k:<6d} {on} {rate[on]:6.1f}  {off} {rate[off]:6.1f}  "
+                      f"fp32 {rate['fp32']:6.1f} GMAC/s   {on}/{off} {rate[on] / rate[off]:.2f}  "
+                      f"{on}/fp32 {rate[on] / rate['fp32']:.2f}  {off}/fp32 {rate[off] / rate['fp32']:.2f}"
                       f"{'' if same else '   OUTPUTS DIFFER'}", flush=True)
                 if not same:
                     return 1
     finally:
-        ops.set_w8a8_int16_min_rows(default)
+        set_rows(default)
     return 0
 
 
