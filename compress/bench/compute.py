@@ -13,25 +13,39 @@ import torch
 from compress import ops
 
 # multiply-accumulates per loop step of each recipe (csrc/cpu/compute_peak.cpp)
-MACS_PER_STEP = {"fp32_fma": 96, "int8_avx2": 256, "int16_avx2": 192, "int8_vnni": 1024}
-RECIPE_ISA = {"fp32_fma": "avx2", "int8_avx2": "avx2", "int16_avx2": "avx2", "int8_vnni": "avx512_vnni"}
+MACS_PER_STEP = {"fp32_fma": 96, "int8_avx2": 256, "int16_avx2": 192, "int8_vnni": 1024,
+                 "fp32_fma512": 192, "amx_int8": 65536}
+RECIPE_ISA = {"fp32_fma": "avx2", "int8_avx2": "avx2", "int16_avx2": "avx2", "int8_vnni": "avx512_vnni",
+              "fp32_fma512": "avx512_vnni", "amx_int8": "avx512_vnni"}
+FP32_RECIPES = ("fp32_fma512", "fp32_fma")  # best first: what an fp32 sgemm can reach
 
 
 def available_recipes() -> list[str]:
-    """Recipes the CPU (and the current ISA cap) can run."""
+    """Recipes the CPU (and the current ISA cap) can run; amx_int8 also needs AMX-INT8
+    that the OS lets this process use."""
     if not ops.native_available("cpu"):
         return []
     have = ops.cpu_isas_available()  # best first, down to scalar
     active = have.index(ops.cpu_isa())  # the ISA cap counts
-    return [r for r, isa in RECIPE_ISA.items() if isa in have and have.index(isa) >= active]
+    return [r for r, isa in RECIPE_ISA.items() if isa in have and have.index(isa) >= active
+            and (r != "amx_int8" or ops.w8a8_amx_available())]
 
 
-def w8a8_recipe(m: int, isa: str, int16_min_rows: int) -> str | None:
+def fp32_peak(peaks: dict) -> tuple[str, dict] | tuple[None, None]:
+    """The best fp32 FMA recipe among ``peaks`` (AVX-512 where measured, else AVX2)."""
+    for recipe in FP32_RECIPES:
+        if recipe in peaks:
+            return recipe, peaks[recipe]
+    return None, None
+
+
+def w8a8_recipe(m: int, isa: str, int16_min_rows: int, amx_min_rows: int | None = None) -> str | None:
     """The recipe whose instruction mix the W8A8 ops run at ``m`` rows with ``isa`` active
-    (csrc/cpu/w8a8_kernel.cpp): the VNNI tiles; on AVX2 the int16 GEMM from
+    (csrc/cpu/w8a8_kernel.cpp): with AVX-512 VNNI the AMX tiles from ``amx_min_rows``
+    rows (None: no AMX) and two, else the VNNI tiles; on AVX2 the int16 GEMM from
     ``int16_min_rows`` rows, else the byte tiles; None for the scalar path."""
     if isa == "avx512_vnni":
-        return "int8_vnni"
+        return "amx_int8" if amx_min_rows is not None and m >= max(2, amx_min_rows) else "int8_vnni"
     if isa == "avx2":
         return "int16_avx2" if m >= int16_min_rows else "int8_avx2"
     return None

@@ -14,7 +14,7 @@ import torch
 
 from compress import ops
 from compress.bench.bandwidth import last_level_cache_bytes, read_bandwidth, read_buffer
-from compress.bench.compute import compute_peaks, w8a8_recipe
+from compress.bench.compute import compute_peaks, fp32_peak, w8a8_recipe
 from compress.io.files import atomic_write_text
 from compress.ops import reference
 from compress.ops.reference import w4a16_prepare_cpu, w8a8_tile_cpu
@@ -270,18 +270,25 @@ def run(shapes, ms, impls=None, reps: int = 7, budget_s: float = 20.0, threads: 
             "records": [asdict(r) for r in records]}
 
 
+_CURRENT = object()  # _large_m_summary's "ask the extension" default
+
+
 def _large_m_summary(records: list[Record], peaks: dict, log, isa: str | None = None,
-                     int16_min_rows: int | None = None) -> None:
+                     int16_min_rows: int | None = None, amx_min_rows=_CURRENT) -> None:
     """int8 at M >= 64 against fp32 matmul and against the compute peaks: an int8 GEMM on
-    this CPU can be at most (int8 peak / fp32 peak) x an fp32 GEMM that runs at its peak.
-    Each record is held against the peak of the instruction mix its M runs
-    (compute.w8a8_recipe; ``isa`` and ``int16_min_rows`` default to the current ones)."""
+    this CPU can be at most (int8 peak / fp32 peak) x an fp32 GEMM that runs at its peak
+    (the fp32 peak: AVX-512 FMAs where the CPU has them, as MKL uses). Each record is held
+    against the peak of the instruction mix its M runs (compute.w8a8_recipe; ``isa``,
+    ``int16_min_rows`` and ``amx_min_rows``, None for no AMX, default to the current ones)."""
+    native = ops.native_available("cpu")
     if isa is None:
-        isa = ops.cpu_isa() if ops.native_available("cpu") else "scalar"
+        isa = ops.cpu_isa() if native else "scalar"
     if int16_min_rows is None:
-        int16_min_rows = ops.w8a8_int16_min_rows() if ops.native_available("cpu") else 1 << 62
+        int16_min_rows = ops.w8a8_int16_min_rows() if native else 1 << 62
+    if amx_min_rows is _CURRENT:
+        amx_min_rows = ops.w8a8_amx_min_rows() if native and ops.w8a8_amx_available() else None
     fp32 = {(r.M, r.N, r.K): r for r in records if r.implementation == "torch matmul fp32"}
-    fp32_peak = peaks.get("fp32_fma")
+    fp32_recipe, fp32_best = fp32_peak(peaks)
     ratios = []
     used = {}  # recipe -> its peak, for the closing line
     for r in records:
@@ -290,22 +297,23 @@ def _large_m_summary(records: list[Record], peaks: dict, log, isa: str | None = 
         base = fp32.get((r.M, r.N, r.K))
         gmacs = r.gflops / 2
         parts = [f"{gmacs:.1f} GMAC/s"]
-        recipe = w8a8_recipe(r.M, isa, int16_min_rows)
+        recipe = w8a8_recipe(r.M, isa, int16_min_rows, amx_min_rows)
         if recipe in peaks:
             used[recipe] = peaks[recipe]
             parts.append(f"{100 * gmacs / peaks[recipe]['median_gmacs']:.0f}% of the {recipe} peak")
         if base is not None:
             ratios.append(base.median_s / r.median_s)
             parts.append(f"{ratios[-1]:.2f}x fp32 matmul")
-            if fp32_peak:
-                parts.append(f"which runs at {100 * base.gflops / 2 / fp32_peak['median_gmacs']:.0f}% of the fp32 peak")
+            if fp32_best:
+                parts.append(f"which runs at {100 * base.gflops / 2 / fp32_best['median_gmacs']:.0f}% of the "
+                             f"{fp32_recipe} peak")
         log(f"# M={r.M:<4} w8a8 {r.implementation:<15} {r.N}x{r.K}: " + ", ".join(parts))
     if ratios:
         line = (f"# int8 M>=64 vs fp32 matmul: {min(ratios):.2f}-{max(ratios):.2f}x over {len(ratios)} cases "
                 f"(target {LARGE_M_TARGET:.0f}x: {'met' if min(ratios) >= LARGE_M_TARGET else 'missed'})")
-        if used and fp32_peak:
-            line += "; compute peak / fp32 peak on this CPU: " + ", ".join(
-                f"{recipe} {p['median_gmacs'] / fp32_peak['median_gmacs']:.2f}" for recipe, p in used.items())
+        if used and fp32_best:
+            line += f"; compute peak / {fp32_recipe} peak on this CPU: " + ", ".join(
+                f"{recipe} {p['median_gmacs'] / fp32_best['median_gmacs']:.2f}" for recipe, p in used.items())
         log(line)
 
 

@@ -14,6 +14,11 @@
 //              rows) on L1-resident operands: per step (one k pair) 2 panel loads, 6 int32
 //              broadcasts and 12 x (vpmaddwd, vpaddd), 192 MACs
 //   int8_vnni  the W8A8 VNNI 4 x 4 tile: 16 x (masked vpsubb, vpdpbusd) on 64 bytes, 1024 MACs
+//   fp32_fma512 12 accumulators x 16 lanes, 12 AVX-512 FMAs per step: the fp32 ceiling of
+//              CPUs with AVX-512, where MKL's sgemm runs on zmm (fp32_fma would put its
+//              matmul above 100%)
+//   amx_int8   the W8A8 AMX 32 x 32 block (w8a8_amx.inc) on tiles loaded once: 4 tdpbssd
+//              per step, 65536 MACs (needs AMX-INT8 and the OS's permission, w8::amx_available)
 #include <Python.h>
 
 #include <ATen/Parallel.h>
@@ -25,6 +30,7 @@
 #include <stdexcept>
 
 #include "cpu/kernel_common.h"
+#include "cpu/w8a8_kernel.h"
 
 namespace compress_cpu {
 namespace {
@@ -140,6 +146,66 @@ int64_t peak_int8_vnni(int64_t iters, int8_t one) {
 }
 #pragma GCC pop_options
 
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f")
+int64_t peak_fp32_fma512(int64_t iters, float one) {
+  __m512 acc[12];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  __m512 x0 = _mm512_set1_ps(one), x1 = x0;
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int j = 0; j < 6; ++j) acc[j] = _mm512_fmadd_ps(x0, x1, acc[j]);
+    for (int j = 6; j < 12; ++j) acc[j] = _mm512_fmadd_ps(x1, x0, acc[j]);
+    __asm__ volatile("" : "+v"(x0), "+v"(x1));
+  }
+  double s = 0;
+  for (auto& a : acc) s += _mm512_reduce_add_ps(a);
+  return static_cast<int64_t>(s);
+}
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,amx-tile,amx-int8")
+// Tiles 0-3 accumulate, 4-5 and 6-7 hold the operands (all 16 x 64 bytes of ones), as
+// in block_amx's 32 x 32 block; the loads happen once, so this is tdpbssd's ceiling.
+int64_t peak_amx_int8(int64_t iters, int8_t one) {
+  struct alignas(64) {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+  } cfg;
+  std::memset(&cfg, 0, sizeof(cfg));
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  __asm__ volatile("ldtilecfg %0" : : "m"(cfg) : "memory");  // see w8a8_amx.inc on _tile_loadconfig
+  alignas(64) int8_t ones[16 * 64];
+  std::memset(ones, one, sizeof(ones));
+  alignas(64) int32_t sums[4][16 * 16];
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, ones, 64);
+  _tile_loadd(5, ones, 64);
+  _tile_loadd(6, ones, 64);
+  _tile_loadd(7, ones, 64);
+  for (int64_t it = 0; it < iters; ++it) {  // each int32 lane ends at 64 * iters <= 2^30
+    _tile_dpbssd(0, 4, 6);
+    _tile_dpbssd(1, 4, 7);
+    _tile_dpbssd(2, 5, 6);
+    _tile_dpbssd(3, 5, 7);
+  }
+  _tile_stored(0, sums[0], 64);
+  _tile_stored(1, sums[1], 64);
+  _tile_stored(2, sums[2], 64);
+  _tile_stored(3, sums[3], 64);
+  _tile_release();
+  int64_t s = 0;
+  for (auto& t : sums)
+    for (int32_t v : t) s += v;
+  return s;
+}
+#pragma GCC pop_options
+
 }  // namespace
 
 // Runs `recipe` on every thread of the intra-op pool; returns the summed lanes (= MACs).
@@ -159,8 +225,16 @@ int64_t compute_peak(const char* recipe, int64_t iters) {
   } else if (std::strcmp(recipe, "int8_vnni") == 0) {
     if (active_isa() < Isa::Avx512Vnni) throw std::runtime_error("int8_vnni needs AVX-512 VNNI");
     loop = [](int64_t n) { return peak_int8_vnni(n, 1); };
+  } else if (std::strcmp(recipe, "fp32_fma512") == 0) {
+    if (active_isa() < Isa::Avx512Vnni) throw std::runtime_error("fp32_fma512 needs AVX-512");
+    loop = [](int64_t n) { return peak_fp32_fma512(n, 1.f); };
+  } else if (std::strcmp(recipe, "amx_int8") == 0) {
+    if (active_isa() < Isa::Avx512Vnni || !w8::amx_available())
+      throw std::runtime_error("amx_int8 needs AMX-INT8 (and the OS's permission to use it)");
+    loop = [](int64_t n) { return peak_amx_int8(n, 1); };
   } else {
-    throw std::invalid_argument("unknown recipe; choose fp32_fma, int8_avx2, int16_avx2 or int8_vnni");
+    throw std::invalid_argument(
+        "unknown recipe; choose fp32_fma, int8_avx2, int16_avx2, int8_vnni, fp32_fma512 or amx_int8");
   }
   const int threads = at::get_num_threads();
   std::atomic<int64_t> total{0};

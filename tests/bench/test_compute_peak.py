@@ -39,6 +39,14 @@ def test_probe_rejects_bad_input():
     if "avx512_vnni" not in ops.cpu_isas_available():
         with pytest.raises(RuntimeError, match="int8_vnni needs AVX-512 VNNI"):
             c.compute_peak("int8_vnni", 10)
+        with pytest.raises(RuntimeError, match="fp32_fma512 needs AVX-512"):
+            c.compute_peak("fp32_fma512", 10)
+    if not ops.w8a8_amx_available():
+        with pytest.raises(RuntimeError, match="amx_int8 needs AMX-INT8"):
+            c.compute_peak("amx_int8", 10)
+    with ops.force_cpu_isa("avx2"):  # AMX rides on the AVX-512 level: a cap below it turns it off
+        assert "amx_int8" not in compute.available_recipes()
+        assert "fp32_fma512" not in compute.available_recipes()
 
 
 @native
@@ -76,12 +84,23 @@ def test_large_m_summary_ratios_peaks_and_verdict():
     kernels._large_m_summary(records, peaks, lines.append, isa="avx2", int16_min_rows=65)
     assert len(lines) == 2
     assert "3.0 GMAC/s" in lines[0] and "75% of the int8_avx2 peak" in lines[0] and "3.00x fp32 matmul" in lines[0]
-    assert "50% of the fp32 peak" in lines[0]
+    assert "50% of the fp32_fma peak" in lines[0] and "compute peak / fp32_fma peak" in lines[1]
     assert "3.00-3.00x over 1 cases" in lines[1] and "met" in lines[1] and "int8_avx2 2.00" in lines[1]
     # from the threshold on: the int16 GEMM's peak
     lines.clear()
     kernels._large_m_summary(records, peaks, lines.append, isa="avx2", int16_min_rows=64)
     assert "50% of the int16_avx2 peak" in lines[0] and "int16_avx2 3.00" in lines[1] and "int8_avx2" not in lines[1]
+    # AVX-512 with AMX: the AMX peak from its threshold, the VNNI tiles' below it (or with
+    # no AMX); fp32 matmul held against the AVX-512 FMA peak, the best fp32 recipe measured
+    peaks.update({"fp32_fma512": {"median_gmacs": 4.0}, "int8_vnni": {"median_gmacs": 5.0},
+                  "amx_int8": {"median_gmacs": 12.0}})
+    lines.clear()
+    kernels._large_m_summary(records, peaks, lines.append, isa="avx512_vnni", int16_min_rows=1, amx_min_rows=16)
+    assert "25% of the amx_int8 peak" in lines[0] and "25% of the fp32_fma512 peak" in lines[0]
+    assert "compute peak / fp32_fma512 peak on this CPU: amx_int8 3.00" in lines[1]
+    lines.clear()
+    kernels._large_m_summary(records, peaks, lines.append, isa="avx512_vnni", int16_min_rows=1, amx_min_rows=None)
+    assert "60% of the int8_vnni peak" in lines[0] and "int8_vnni 1.25" in lines[1]
     lines.clear()
     kernels._large_m_summary([records[0], _rec("compress fp32", m, macs / 1.5e9)], {}, lines.append,
                              isa="avx2", int16_min_rows=32)
@@ -90,6 +109,10 @@ def test_large_m_summary_ratios_peaks_and_verdict():
 
 def test_w8a8_recipe_follows_the_kernel_paths():
     assert compute.w8a8_recipe(64, "avx512_vnni", 32) == "int8_vnni"
+    assert compute.w8a8_recipe(64, "avx512_vnni", 32, amx_min_rows=16) == "amx_int8"
+    assert compute.w8a8_recipe(15, "avx512_vnni", 32, amx_min_rows=16) == "int8_vnni"
+    assert compute.w8a8_recipe(1, "avx512_vnni", 32, amx_min_rows=1) == "int8_vnni"  # never one row
+    assert compute.w8a8_recipe(64, "avx2", 32, amx_min_rows=16) == "int16_avx2"
     assert compute.w8a8_recipe(31, "avx2", 32) == "int8_avx2"
     assert compute.w8a8_recipe(32, "avx2", 32) == "int16_avx2"
     assert compute.w8a8_recipe(256, "scalar", 32) is None
