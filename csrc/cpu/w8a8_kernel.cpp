@@ -143,19 +143,23 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
   const bool i16 = active_isa() == Isa::Avx2 && M >= int16_min_rows();
   const bool amx = active_isa() == Isa::Avx512Vnni && M >= std::max<int64_t>(2, amx_min_rows()) && amx_available();
   const int64_t x16_offset = ceil_div(2 * M * Kp + 4 * M * (1 + C), 64) * 64;
-  const Scratch work(Scratch::kW8, x16_offset + (i16 ? 2 * M * Kp : amx ? amx_activation_bytes(M, Kp) : 0));
+  const int64_t xot_offset = x16_offset + (amx ? amx_activation_bytes(M, Kp) : 0);
+  const Scratch work(Scratch::kW8, x16_offset + (i16 ? 2 * M * Kp : amx ? amx_activation_bytes(M, Kp) + amx_outlier_bytes(M, C) : 0));
   int8_t* qx = reinterpret_cast<int8_t*>(work.data());
   uint8_t* ax = work.data() + M * Kp;
   float* sx = reinterpret_cast<float*>(work.data() + 2 * M * Kp);
   float* xo = sx + M;
   int16_t* x16 = i16 ? reinterpret_cast<int16_t*>(work.data() + x16_offset) : nullptr;
   quantize_rows(x, C ? idx.data() : nullptr, C, Kp, qx, ax, sx, xo, x16);
-  // Fused outliers. M = 1 (decode): the tile epilogue adds each output's C-long dot
-  // product, reading the outlier weights once in their own dtype. M > 1: one pass over
+  // Fused outliers. M = 1 (decode), and the AMX tiles at any M: the tile epilogue adds
+  // each output's C-long dot product, reading the outlier weights in their own dtype
+  // (AMX: the same FMA chain as outlier_products_avx2, bit for bit). Else: one pass over
   // the [N, C] outlier weights after the tiles (outlier_products_*), also in their own
   // dtype. It replaced a y.addmm_(xo, ow.float().t()): with cold caches that fp32 copy
   // of ow and MKL's dispatch cost ~0.2 ms a call, ~15% of an M = 4 call on 4096 x 4096.
-  const bool epilogue_outliers = C != 0 && M == 1;
+  // With the AMX tiles the fused outliers go in their epilogue too, at any M: the
+  // separate pass re-read and re-wrote all of y, ~1.3x the W8A8 time at M = 256.
+  const bool epilogue_outliers = C != 0 && (M == 1 || amx);
   at::Tensor y = out ? *out : at::empty({M, N}, x.options().dtype(at::kFloat));
   const int64_t N4 = tiled && K % kTileChunk == 0 ? N - N % kTileRows : 0;
   Args a{M, N, K, Kp, N4, qweight.data_ptr<int8_t>(), wscale.data_ptr(), scale_type_of(wscale),
@@ -169,16 +173,18 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
   }
   if (amx) {
     int8_t* xb = reinterpret_cast<int8_t*>(work.data() + x16_offset);
+    float* xot = reinterpret_cast<float*>(work.data() + xot_offset);
+    if (a.C) build_amx_outliers(a, xot);
     at::parallel_for(0, amx_padded_rows(M) / 16, 1, [&](int64_t b0, int64_t b1) { build_amx_activations(a, b0, b1, xb); });
     // 32-column panels from a shared counter, as the int16 GEMM's (below).
     std::atomic<int64_t> next{0};
     const int64_t panels = ceil_div(N, kAmxCols);
     at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), ceil_div(panels, kAmxPanelsPerGrab)), 1,
                      [&](int64_t, int64_t) {
-      const Scratch mine(Scratch::kW8Panel, amx_thread_bytes(Kp));
+      const Scratch mine(Scratch::kW8Panel, amx_thread_bytes(Kp, a.C));
       amx_load_config();
       for (int64_t p0; (p0 = next.fetch_add(kAmxPanelsPerGrab, std::memory_order_relaxed)) < panels;)
-        block_amx(a, xb, p0, std::min(panels, p0 + kAmxPanelsPerGrab), mine.data());
+        block_amx(a, xb, xot, p0, std::min(panels, p0 + kAmxPanelsPerGrab), mine.data());
       amx_release();
     });
   } else if (i16) {
