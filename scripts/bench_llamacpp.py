@@ -4,6 +4,18 @@ path, for ``compress bench model --llamacpp-converter PATH``. Nothing is copied 
 this repository; the converter's own requirements (an old torch) are not installed.
 
     python scripts/bench_llamacpp.py --dest ~/.cache/compress/llamacpp-tools
+
+llama-cpp-python itself is the user's install (`pip install llama-cpp-python
+sentencepiece torch==2.13.0`; it builds llama.cpp for this CPU). On CPUs with AMX, the
+native build's AMX matmul crashed in the first evaluation of the benchmark model
+(SIGSEGV in `ggml_backend_amx_mul_mat`, as in ggml-org/llama.cpp#20824; seen on the
+Intel Xeon development machine, llama-cpp-python 0.3.36): build it without AMX there,
+keeping AVX-512 and VNNI:
+
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+      -DGGML_BMI2=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON \
+      -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF" \
+      pip install --force-reinstall --no-deps llama-cpp-python==0.3.36
 """
 from __future__ import annotations
 
