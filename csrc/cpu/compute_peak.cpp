@@ -158,7 +158,11 @@ int64_t peak_fp32_fma512(int64_t iters, float one) {
     __asm__ volatile("" : "+v"(x0), "+v"(x1));
   }
   double s = 0;
-  for (auto& a : acc) s += _mm512_reduce_add_ps(a);
+  for (auto& a : acc) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, a);
+    for (float v : lanes) s += v;
+  }
   return static_cast<int64_t>(s);
 }
 #pragma GCC pop_options
@@ -198,7 +202,7 @@ int64_t peak_amx_int8(int64_t iters, int8_t one) {
   _tile_stored(1, sums[1], 64);
   _tile_stored(2, sums[2], 64);
   _tile_stored(3, sums[3], 64);
-  _tile_release();
+  __asm__ volatile("tilerelease" ::: "memory");  // (_tile_release is target-gated)
   int64_t s = 0;
   for (auto& t : sums)
     for (int32_t v : t) s += v;
