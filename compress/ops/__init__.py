@@ -111,6 +111,25 @@ def w8a8_amx_available() -> bool:
     return bool(_cpu_module().w8a8_amx_available())
 
 
+def set_w4a16_amx_min_rows(rows: int) -> int:
+    """Fewest rows (M) for which the W4A16 ops at the avx512_vnni level take the AMX-BF16
+    tiles (bf16 activations, weights dequantized to bf16 per call, fp32 sums) instead of
+    the int8 tiles, where the CPU and OS allow AMX (default 32, never one row;
+    csrc/cpu/w4a16_amx.inc); returns the previous value. Not the same bits as the int8
+    tiles: both are held to the reference by SQNR."""
+    return _cpu_module().set_w4a16_amx_min_rows(int(rows))
+
+
+def w4a16_amx_min_rows() -> int:
+    """The current row threshold of the W4A16 AMX tiles (see set_w4a16_amx_min_rows)."""
+    return _cpu_module().w4a16_amx_min_rows()
+
+
+def w4a16_amx_available() -> bool:
+    """Whether this CPU has AMX-BF16 (and AVX512-BF16) and the OS lets this process use the tiles."""
+    return bool(_cpu_module().w4a16_amx_available())
+
+
 class force_cpu_isa:
     """Context manager: ``with force_cpu_isa("scalar"): ...``; restores 'auto' after."""
 

@@ -5,6 +5,11 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace compress_cpu {
 namespace {
@@ -31,6 +36,29 @@ Isa detect() {
     return Isa::Avx2;
 #endif
   return Isa::Scalar;
+}
+
+// CPUID.7.0:EDX bits of AMX-TILE (24) and of the wanted AMX kind; the tile state
+// enabled in XCR0; and Linux's permission for this process to use the tile data
+// (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA; without it the first tile load faults).
+bool detect_amx(unsigned int kind_bit) {
+#if defined(__x86_64__) && defined(__linux__)
+  unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  if (!(edx & (1u << 24)) || !(edx & (1u << kind_bit))) return false;
+  unsigned int xlo, xhi;
+  __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+  (void)xhi;
+  if ((xlo & (3u << 17)) != (3u << 17)) return false;  // XTILECFG, XTILEDATA
+  static const bool granted = [] {
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return granted;
+#else
+  (void)kind_bit;
+  return false;
+#endif
 }
 
 int parse(const char* name) {
@@ -67,6 +95,16 @@ bool set_isa_override(const char* name) {
   if (v == -2) return false;
   override_slot().store(v);
   return true;
+}
+
+bool amx_int8_available() {
+  static const bool ok = detected_isa() == Isa::Avx512Vnni && detect_amx(25);
+  return ok;
+}
+
+bool amx_bf16_available() {  // its users also convert with AVX512_BF16
+  static const bool ok = detected_isa() == Isa::Avx512Vnni && __builtin_cpu_supports("avx512bf16") && detect_amx(22);
+  return ok;
 }
 
 const char* isa_name(Isa isa) {

@@ -32,6 +32,11 @@ Isa active_isa();
 // Sets the override; returns false for an unknown name. "auto" clears it.
 bool set_isa_override(const char* name);
 const char* isa_name(Isa isa);
+// AMX tiles, on top of the avx512_vnni level (not an ISA cap of their own): cpuid has
+// AMX-TILE and AMX-INT8 (resp. AMX-BF16), XCR0 has the tile state enabled, and Linux
+// granted this process the tile data (asked once). Callers also check active_isa().
+bool amx_int8_available();
+bool amx_bf16_available();
 
 inline ScaleType scale_type_of(const at::Tensor& t) {
   switch (t.scalar_type()) {
@@ -77,7 +82,7 @@ inline void check_float_out(const char* op, const at::Tensor& x, int64_t N, cons
 // thread keeps a large buffer. The contents are whatever the last call left.
 class Scratch {
  public:
-  enum Slot : int { kW4 = 0, kW8 = 1, kW8Panel = 2, kSlots = 3 };
+  enum Slot : int { kW4 = 0, kW8 = 1, kW8Panel = 2, kW4Panel = 3, kSlots = 4 };
   static constexpr int64_t kMaxBytes = 1 << 20;
 
   Scratch(Slot slot, int64_t bytes) {

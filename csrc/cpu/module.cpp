@@ -3,10 +3,12 @@
 // the run-time ISA query / override used by compress.ops (cpu_isa, set_cpu_isa), the
 // W8A8 int16 GEMM's and AMX tiles' row thresholds (set_w8a8_int16_min_rows,
 // w8a8_int16_min_rows, set_w8a8_amx_min_rows, w8a8_amx_min_rows, w8a8_amx_available), the
+// W4A16 AMX tiles' (set_w4a16_amx_min_rows, w4a16_amx_min_rows, w4a16_amx_available), the
 // compute-peak probe and the DecodePlan class (decode_plan.cpp).
 #include <Python.h>
 
 #include "cpu/kernel_common.h"
+#include "cpu/w4a16_common.h"
 #include "cpu/w8a8_kernel.h"
 
 static PyObject* py_cpu_isa(PyObject*, PyObject*) {
@@ -59,6 +61,24 @@ static PyObject* py_w8a8_amx_available(PyObject*, PyObject*) {
   return PyBool_FromLong(compress_cpu::w8::amx_available());
 }
 
+static PyObject* py_set_w4a16_amx_min_rows(PyObject*, PyObject* arg) {
+  const long long rows = PyLong_AsLongLong(arg);
+  if (rows == -1 && PyErr_Occurred()) return nullptr;
+  if (rows < 1) {
+    PyErr_Format(PyExc_ValueError, "set_w4a16_amx_min_rows: rows must be >= 1, got %lld", rows);
+    return nullptr;
+  }
+  return PyLong_FromLongLong(compress_cpu::w4::set_amx_min_rows(rows));
+}
+
+static PyObject* py_w4a16_amx_min_rows(PyObject*, PyObject*) {
+  return PyLong_FromLongLong(compress_cpu::w4::amx_min_rows());
+}
+
+static PyObject* py_w4a16_amx_available(PyObject*, PyObject*) {
+  return PyBool_FromLong(compress_cpu::amx_bf16_available());
+}
+
 PyObject* py_compute_peak(PyObject*, PyObject* args);  // compute_peak.cpp
 int register_decode_plan(PyObject* module);             // decode_plan.cpp
 
@@ -79,6 +99,13 @@ static PyMethodDef compress_c_methods[] = {
      "Fewest rows for which W8A8 takes the AMX-INT8 tiles (set_w8a8_amx_min_rows)."},
     {"w8a8_amx_available", py_w8a8_amx_available, METH_NOARGS,
      "Whether this CPU and OS let the W8A8 ops use AMX-INT8 tiles."},
+    {"set_w4a16_amx_min_rows", py_set_w4a16_amx_min_rows, METH_O,
+     "Fewest rows for which W4A16 at the avx512_vnni level takes the AMX-BF16 tiles where the CPU has "
+     "them (bf16 activations and dequantized weights, fp32 sums); returns the previous value."},
+    {"w4a16_amx_min_rows", py_w4a16_amx_min_rows, METH_NOARGS,
+     "Fewest rows for which W4A16 takes the AMX-BF16 tiles (set_w4a16_amx_min_rows)."},
+    {"w4a16_amx_available", py_w4a16_amx_available, METH_NOARGS,
+     "Whether this CPU and OS let the W4A16 ops use AMX-BF16 tiles."},
     {"compute_peak", py_compute_peak, METH_VARARGS,
      "compute_peak(recipe, iters): runs a register-only GEMM-step loop (fp32_fma, int8_avx2, int16_avx2, "
      "int8_vnni) "

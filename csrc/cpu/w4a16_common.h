@@ -23,6 +23,11 @@ constexpr int64_t kTileRows = 4;
 // (2 KiB ~3% ahead, inside the noise) on a 24-layer chain of decode shapes, 2 threads.
 constexpr int64_t kPrefetchBytes = 2048;
 
+// Fewest rows for which the avx512_vnni level takes the AMX-BF16 tiles (w4a16_amx.inc)
+// where the CPU and OS allow them; returns the previous value (w4a16_gemm.cpp).
+int64_t set_amx_min_rows(int64_t rows);
+int64_t amx_min_rows();
+
 struct W4Args {
   int64_t M, N, K, G, KC, NG;  // KC: 64-chunks (ceil), NG: groups
   int64_t N4;                  // rows [0, N4) tiled by 4 (see above), the rest row-major

@@ -16,6 +16,7 @@
 
 #include <immintrin.h>
 
+#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -72,6 +73,41 @@ void w4_avx512vnni(const W4Args& a, int64_t m0, int64_t m1, int64_t n0, int64_t 
 }
 #pragma GCC pop_options
 
+// ---- AMX-BF16 (on top of the AVX-512 VNNI level), many rows -------------------------
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")
+#include "cpu/w4a16_amx.inc"
+#pragma GCC pop_options
+
+std::atomic<int64_t> w4_amx_rows{kW4AmxMinRows};
+
+// The whole op on the AMX tiles (K % 64 == 0, a tile group size): bf16 activations in
+// the B layout, then 32-column panels from a shared counter, dequantized and multiplied.
+at::Tensor w4a16_run_amx(const at::Tensor& x, const W4Args& args, at::Tensor* out) {
+  const int64_t M = args.M, K = args.K, N = args.N;
+  const Scratch work(Scratch::kW4, w4_amx_activation_bytes(M, K));
+  uint16_t* xb = reinterpret_cast<uint16_t*>(work.data());
+  at::parallel_for(0, w4_amx_padded_rows(M) / 16, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<float> row(K);
+    std::vector<uint16_t> perm(K);
+    w4_amx_build_activations(x, b0, b1, xb, row.data(), perm.data());
+  });
+  at::Tensor y = out ? *out : at::empty({M, N}, x.options().dtype(at::kFloat));
+  W4Args a = args;
+  a.y = y.data_ptr<float>();
+  std::atomic<int64_t> next{0};
+  const int64_t panels = ceil_div(N, kW4AmxCols);
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), ceil_div(panels, kW4AmxPanelsPerGrab)), 1,
+                   [&](int64_t, int64_t) {
+    const Scratch mine(Scratch::kW4Panel, w4_amx_thread_bytes(K));
+    w4_amx_load_config();
+    for (int64_t p0; (p0 = next.fetch_add(kW4AmxPanelsPerGrab, std::memory_order_relaxed)) < panels;)
+      w4_block_amx(a, xb, p0, std::min(panels, p0 + kW4AmxPanelsPerGrab), mine.data());
+    w4_amx_release();
+  });
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
 // Exact fallback for the group sizes the tiles do not take (neither 32 nor a multiple of
 // 64): dequantize n-blocks to fp32 (w = u * s - s * z) and multiply with at::mm.
 at::Tensor w4_dequant_mm(const at::Tensor& x, const at::Tensor& qweight, const float* s, const uint8_t* z,
@@ -123,6 +159,12 @@ at::Tensor w4a16_run(const at::Tensor& x_in, const at::Tensor& qweight_in,
   }
 
   const int64_t KC = ceil_div(K, kChunk);
+  if (active_isa() == Isa::Avx512Vnni && K % kChunk == 0 && M >= std::max<int64_t>(2, w4::amx_min_rows()) &&
+      amx_bf16_available()) {
+    const W4Args a{M, N, K, G, KC, NG, N4, reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>()), s, z,
+                   nullptr, nullptr, nullptr, nullptr};
+    return w4a16_run_amx(x, a, out);
+  }
   // One workspace for the quantized activations (int8 [M, KC*64]), their lane scales
   // (fp32 [M, KC*8]) and group sums (fp32 [M, NG]): a decode step makes ~100 of these calls.
   const int64_t xq_bytes = M * KC * kChunk, xs_floats = M * KC * 8;
@@ -167,6 +209,9 @@ void check_prepared_metadata(const char* op, const at::Tensor& scale, const at::
 }
 
 }  // namespace
+
+int64_t w4::set_amx_min_rows(int64_t rows) { return w4_amx_rows.exchange(rows); }
+int64_t w4::amx_min_rows() { return w4_amx_rows.load(std::memory_order_relaxed); }
 
 // Canonical checkpoint tensors (scales fp32/fp16/bf16, zeros uint8): converted to the
 // kernel's fp32 (scale, scale * zero) per call. The runtime prepares once at load time

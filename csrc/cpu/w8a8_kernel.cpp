@@ -18,11 +18,6 @@
 #include "cpu/w8a8_common.h"
 
 #include <immintrin.h>
-#if defined(__x86_64__) && defined(__linux__)
-#include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 #include <atomic>
 #include <cmath>
@@ -75,35 +70,13 @@ inline void quantize_rows(const at::Tensor& x, const int64_t* idx, int64_t C, in
 namespace {
 std::atomic<int64_t> int16_rows{kI16MinRows};
 std::atomic<int64_t> amx_rows{kAmxMinRows};
-
-// AMX-TILE and AMX-INT8 in CPUID, the tile state enabled in XCR0, and Linux's
-// permission for this process to use the tile data (ARCH_REQ_XCOMP_PERM for
-// XFEATURE_XTILEDATA; without it the first tile load faults). Asked once.
-bool detect_amx_int8() {
-#if defined(__x86_64__) && defined(__linux__)
-  unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-  if (!(edx & (1u << 24)) || !(edx & (1u << 25))) return false;  // AMX-TILE, AMX-INT8
-  unsigned int xlo, xhi;
-  __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
-  (void)xhi;
-  if ((xlo & (3u << 17)) != (3u << 17)) return false;  // XTILECFG, XTILEDATA
-  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-#else
-  return false;
-#endif
-}
 }  // namespace
 
 int64_t set_int16_min_rows(int64_t rows) { return int16_rows.exchange(rows); }
 int64_t int16_min_rows() { return int16_rows.load(std::memory_order_relaxed); }
 int64_t set_amx_min_rows(int64_t rows) { return amx_rows.exchange(rows); }
 int64_t amx_min_rows() { return amx_rows.load(std::memory_order_relaxed); }
-bool amx_available() {
-  static const bool ok = detect_amx_int8();
-  return ok;
-}
+bool amx_available() { return amx_int8_available(); }
 
 // Runs the whole op: quantize, tiles over the intra-op pool, cast to x's dtype.
 at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::Tensor& wscale_in,
