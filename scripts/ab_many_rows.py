@@ -1,22 +1,27 @@
 #!/usr/bin/env python
-"""A W8A8 many-row path against the tiles it replaces, measured in one process:
-`--path int16`, the int16 GEMM (csrc/cpu/w8a8_i16_avx2.inc) against the byte tiles
-(AVX2 CPUs without VNNI); `--path amx`, the AMX-INT8 tiles (csrc/cpu/w8a8_amx.inc)
-against the VNNI tiles (CPUs with AMX). Elsewhere both settings run the same kernel.
+"""A many-row kernel path against the tiles it replaces, measured in one process:
+`--path int16`, the W8A8 int16 GEMM (csrc/cpu/w8a8_i16_avx2.inc) against the byte tiles
+(AVX2 CPUs without VNNI); `--path amx`, the W8A8 AMX-INT8 tiles (csrc/cpu/w8a8_amx.inc)
+against the VNNI tiles; `--path w4-amx`, the W4A16 AMX-BF16 tiles
+(csrc/cpu/w4a16_amx.inc) against the int8 tiles (CPUs with AMX). Elsewhere both
+settings run the same kernel.
 
-    python scripts/ab_w8a8_many_rows.py --threads 2 --m 16 32 64 128 256 --rounds 5
-    python scripts/ab_w8a8_many_rows.py --path amx --threads 2 --m 8 16 32 64 256
-    python scripts/ab_w8a8_many_rows.py --threads 2 --model /tmp/bench-llama2/rtn-int8 --prompt-tokens 64 256
+    python scripts/ab_many_rows.py --threads 2 --m 16 32 64 128 256 --rounds 5
+    python scripts/ab_many_rows.py --path amx --threads 2 --m 8 16 32 64 256
+    python scripts/ab_many_rows.py --path w4-amx --threads 2 --m 16 24 32 64 256
+    python scripts/ab_many_rows.py --threads 2 --model /tmp/bench-llama2/rtn-int8 --prompt-tokens 64 256
 
-For every M and shape, each round calls `w8a8_gemm_prepared` (fp32 x, row-tiled weights,
-warm caches) with the path on and off (its row threshold: compress.ops.
-set_w8a8_int16_min_rows / set_w8a8_amx_min_rows) and fp32 `matmul`, alternating, so the
+For every M and shape, each round calls the prepared op (`w8a8_gemm_prepared`, or
+`w4a16_gemm_prepared` with groups of 128; fp32 x, row-tiled weights, warm caches) with
+the path on and off (its row threshold: compress.ops.set_w8a8_int16_min_rows /
+set_w8a8_amx_min_rows / set_w4a16_amx_min_rows) and fp32 `matmul`, alternating, so the
 machine's drift hits all three alike. Prints the median GMAC/s of each, the on / off
-ratio and both against fp32, and checks that the two int8 paths gave the same bits.
-With --model, the same for the prefill of a packed int8 checkpoint (one sequence per
-prompt length, the runtime's ModelRunner; its W8A8 linears run at M = the prompt
-length): prefill tokens/s with the path on and off, and whether the logits are the same
-bits.
+ratio and both against fp32, and checks the outputs: the W8A8 paths must give the same
+bits; the W4A16 AMX path rounds differently (bf16), so the SQNR between the two is
+printed and must stay above 40 dB. With --model, the same for the prefill of a packed
+checkpoint (int8 for the W8A8 paths, int4 for w4-amx; one sequence per prompt length,
+the runtime's ModelRunner, whose linears run at M = the prompt length): prefill tokens/s
+with the path on and off, and the logits compared the same way.
 """
 from __future__ import annotations
 
@@ -31,13 +36,42 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from compress import ops  # noqa: E402
-from compress.ops.reference import w8a8_tile_cpu  # noqa: E402
+from compress.ops.reference import pack_int4, w4a16_prepare_cpu, w8a8_tile_cpu  # noqa: E402
+from quantizers.primitives import sqnr_db  # noqa: E402
 
 SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008), (14336, 4096), (2048, 8192)]
 NEVER = 1 << 62  # a row threshold no call reaches: the path is off
-# --path: (the threshold's setter, the label with the path on, with it off, what it is)
-PATHS = {"int16": (ops.set_w8a8_int16_min_rows, "int16", "bytes", "int16 GEMM"),
-         "amx": (ops.set_w8a8_amx_min_rows, "amx", "vnni", "AMX tiles")}
+# --path: (the threshold's setter, the label with the path on, with it off, what it is,
+# whether both must give the same bits)
+PATHS = {"int16": (ops.set_w8a8_int16_min_rows, "int16", "bytes", "int16 GEMM", True),
+         "amx": (ops.set_w8a8_amx_min_rows, "amx", "vnni", "AMX tiles", True),
+         "w4-amx": (ops.set_w4a16_amx_min_rows, "amx", "int8", "W4A16 AMX tiles", False)}
+# Least SQNR between the two sides of an inexact path: one GEMM, and a whole model's
+# logits, where the two roundings compound over every layer (the 345M benchmark Llama's
+# int4 export read ~32 dB)
+MIN_SQNR_DB = {"gemm": 40.0, "logits": 20.0}
+
+
+def agree(a: torch.Tensor, b: torch.Tensor, exact: bool, what: str = "gemm") -> tuple[bool, str]:
+    """Whether the two sides' outputs agree, and what to print about them; for logits of
+    an inexact path also how many rows' greedy tokens are the same."""
+    if exact:
+        same = torch.equal(a, b)
+        return same, "" if same else "   OUTPUTS DIFFER"
+    db = sqnr_db(b.float(), a.float())
+    note = f"   sqnr(on, off) {db:.1f} dB"
+    if what == "logits":
+        same = (a.argmax(-1) == b.argmax(-1)).reshape(-1)
+        note += f", greedy token the same in {int(same.sum())} of {same.numel()}"
+    ok = db > MIN_SQNR_DB[what]
+    return ok, note + ("" if ok else " TOO LOW")
+
+
+def usable(path: str) -> bool:
+    """Whether this CPU (at the current ISA cap) takes the path at all."""
+    isa = ops.cpu_isa()
+    return {"int16": isa == "avx2", "amx": isa == "avx512_vnni" and ops.w8a8_amx_available(),
+            "w4-amx": isa == "avx512_vnni" and ops.w4a16_amx_available()}[path]
 
 
 def model_ab(path: str, prompt_lengths: list[int], rounds: int, default: int, which: str) -> bool:
@@ -49,7 +83,7 @@ def model_ab(path: str, prompt_lengths: list[int], rounds: int, default: int, wh
     model = build_model(open_checkpoint(path))
     for length in prompt_lengths:
         prompt = [(7 * i) % (model.vocab_size - 5) + 5 for i in range(length)]
-        set_rows, on, off, _ = PATHS[which]
+        set_rows, on, off, _, exact = PATHS[which]
         times: dict[str, list[float]] = {on: [], off: []}
         logits = {}
         for _ in range(rounds + 1):  # the first round warms up, untimed
@@ -59,11 +93,11 @@ def model_ab(path: str, prompt_lengths: list[int], rounds: int, default: int, wh
                 t0 = time.perf_counter()
                 logits[name] = runner.prefill([prompt], length + 1)
                 times[name].append(time.perf_counter() - t0)
-        same = torch.equal(logits[on], logits[off])
+        ok, note = agree(logits[on], logits[off], exact, "logits")
         rate = {name: length / statistics.median(t[1:]) for name, t in times.items()}
         print(f"prefill {length:5d} tokens: {on} {rate[on]:7.1f}  {off} {rate[off]:7.1f} tok/s   "
-              f"{on}/{off} {rate[on] / rate[off]:.2f}{'' if same else '   LOGITS DIFFER'}", flush=True)
-        if not same:
+              f"{on}/{off} {rate[on] / rate[off]:.2f}{note.replace('OUTPUTS', 'LOGITS')}", flush=True)
+        if not ok:
             return False
     return True
 
@@ -85,16 +119,13 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.path is None:
-        args.path = "amx" if ops.cpu_isa() == "avx512_vnni" and ops.w8a8_amx_available() else "int16"
-    set_rows, on, off, what = PATHS[args.path]
+        args.path = "amx" if usable("amx") else "int16"
+    set_rows, on, off, what, exact = PATHS[args.path]
     default = set_rows(NEVER)
     set_rows(default)
-    usable = {"int16": ops.cpu_isa() == "avx2",
-              "amx": ops.cpu_isa() == "avx512_vnni" and ops.w8a8_amx_available()}[args.path]
     print(f"# isa={ops.cpu_isa()} threads={torch.get_num_threads()} {what} from M={default}"
-          f"{'' if usable else ' (not taken on this CPU: both sides run the same tiles)'}; "
+          f"{'' if usable(args.path) else ' (not taken on this CPU: both sides run the same tiles)'}; "
           f"medians of {args.rounds} alternating rounds, warm caches")
-    gemm = torch.ops.compress.w8a8_gemm_prepared
     try:
         if args.model:
             return 0 if model_ab(args.model, args.prompt_tokens, args.rounds, default, args.path) else 1
@@ -102,11 +133,20 @@ def main(argv=None) -> int:
             for shape in args.shapes:
                 n, k = (int(v) for v in shape.lower().split("x"))
                 g = torch.Generator().manual_seed(0)
-                q = w8a8_tile_cpu(torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8))
-                s = torch.rand(n, generator=g) * 0.01 + 1e-3
+                if args.path == "w4-amx":
+                    group = 128 if k % 128 == 0 else 32
+                    prepared = w4a16_prepare_cpu(
+                        pack_int4(torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)),
+                        (torch.rand(n, k // group, generator=g) * 0.02 + 1e-3).half(),
+                        torch.randint(0, 16, (n, k // group), generator=g, dtype=torch.uint8))
+                    gemm = lambda xx, p=prepared, gs=group: torch.ops.compress.w4a16_gemm_prepared(xx, *p, gs)  # noqa: E731
+                else:
+                    q = w8a8_tile_cpu(torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8))
+                    s = torch.rand(n, generator=g) * 0.01 + 1e-3
+                    gemm = lambda xx, q=q, s=s: torch.ops.compress.w8a8_gemm_prepared(xx, q, s)  # noqa: E731
                 x = torch.randn(m, k, generator=g)
                 wf = torch.randn(n, k, generator=g)
-                runs = {on: (1, lambda: gemm(x, q, s)), off: (NEVER, lambda: gemm(x, q, s)),
+                runs = {on: (1, lambda: gemm(x)), off: (NEVER, lambda: gemm(x)),
                         "fp32": (default, lambda: x @ wf.t())}
                 times: dict[str, list[float]] = {name: [] for name in runs}
                 outs = {}
@@ -116,13 +156,13 @@ def main(argv=None) -> int:
                         t0 = time.perf_counter()
                         outs[name] = fn()
                         times[name].append(time.perf_counter() - t0)
-                same = torch.equal(outs[on], outs[off])
+                ok, note = agree(outs[on], outs[off], exact)
                 rate = {name: m * n * k / statistics.median(t[1:]) / 1e9 for name, t in times.items()}
                 print(f"M={m:4d} {n:6d}x{k:<6d} {on} {rate[on]:6.1f}  {off} {rate[off]:6.1f}  "
                       f"fp32 {rate['fp32']:6.1f} GMAC/s   {on}/{off} {rate[on] / rate[off]:.2f}  "
                       f"{on}/fp32 {rate[on] / rate['fp32']:.2f}  {off}/fp32 {rate[off] / rate['fp32']:.2f}"
-                      f"{'' if same else '   OUTPUTS DIFFER'}", flush=True)
-                if not same:
+                      f"{note}", flush=True)
+                if not ok:
                     return 1
     finally:
         set_rows(default)
