@@ -42,7 +42,7 @@ Isa detect() {
 // enabled in XCR0; and Linux's permission for this process to use the tile data
 // (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA; without it the first tile load faults).
 bool detect_amx(unsigned int kind_bit) {
-#if defined(__x86_64__) && defined(__linux__)
+#if defined(__x86_64__) && defined(__linux__) && !defined(COMPRESS_ISA_EMULATION)  // SIMDe has no AMX
   unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
   if (!(edx & (1u << 24)) || !(edx & (1u << kind_bit))) return false;

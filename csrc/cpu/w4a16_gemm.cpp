@@ -74,12 +74,13 @@ void w4_avx512vnni(const W4Args& a, int64_t m0, int64_t m1, int64_t n0, int64_t 
 #pragma GCC pop_options
 
 // ---- AMX-BF16 (on top of the AVX-512 VNNI level), many rows -------------------------
+// Not in the SIMDe build of scripts/check_vnni_emulated.sh (no AMX to emulate, and no
+// vcvtne2ps2bf16 in SIMDe); there amx_bf16_available() is false.
+#ifndef COMPRESS_ISA_EMULATION
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")
 #include "cpu/w4a16_amx.inc"
 #pragma GCC pop_options
-
-std::atomic<int64_t> w4_amx_rows{kW4AmxMinRows};
 
 // The whole op on the AMX tiles (K % 64 == 0, a tile group size): bf16 activations in
 // the B layout, then 32-column panels from a shared counter, dequantized and multiplied.
@@ -107,6 +108,9 @@ at::Tensor w4a16_run_amx(const at::Tensor& x, const W4Args& args, at::Tensor* ou
   });
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
+#endif  // COMPRESS_ISA_EMULATION
+
+std::atomic<int64_t> w4_amx_rows{kW4AmxMinRows};
 
 // Exact fallback for the group sizes the tiles do not take (neither 32 nor a multiple of
 // 64): dequantize n-blocks to fp32 (w = u * s - s * z) and multiply with at::mm.
@@ -159,12 +163,14 @@ at::Tensor w4a16_run(const at::Tensor& x_in, const at::Tensor& qweight_in,
   }
 
   const int64_t KC = ceil_div(K, kChunk);
+#ifndef COMPRESS_ISA_EMULATION
   if (active_isa() == Isa::Avx512Vnni && K % kChunk == 0 && M >= std::max<int64_t>(2, w4::amx_min_rows()) &&
       amx_bf16_available()) {
     const W4Args a{M, N, K, G, KC, NG, N4, reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>()), s, z,
                    nullptr, nullptr, nullptr, nullptr};
     return w4a16_run_amx(x, a, out);
   }
+#endif
   // One workspace for the quantized activations (int8 [M, KC*64]), their lane scales
   // (fp32 [M, KC*8]) and group sums (fp32 [M, NG]): a decode step makes ~100 of these calls.
   const int64_t xq_bytes = M * KC * kChunk, xs_floats = M * KC * 8;
