@@ -29,6 +29,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "cpu/amx_common.h"
 #include "cpu/kernel_common.h"
 #include "cpu/w8a8_kernel.h"
 
@@ -172,15 +173,7 @@ int64_t peak_fp32_fma512(int64_t iters, float one) {
 // Tiles 0-3 accumulate, 4-5 and 6-7 hold the operands (all 16 x 64 bytes of ones), as
 // in block_amx's 32 x 32 block; the loads happen once, so this is tdpbssd's ceiling.
 int64_t peak_amx_int8(int64_t iters, int8_t one) {
-  struct alignas(64) {
-    uint8_t palette_id, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-  } cfg;
-  std::memset(&cfg, 0, sizeof(cfg));
-  cfg.palette_id = 1;
-  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
-  __asm__ volatile("ldtilecfg %0" : : "m"(cfg) : "memory");  // see w8a8_amx.inc on _tile_loadconfig
+  amx_load_config_16x64();
   alignas(64) int8_t ones[16 * 64];
   std::memset(ones, one, sizeof(ones));
   alignas(64) int32_t sums[4][16 * 16];
@@ -202,7 +195,7 @@ int64_t peak_amx_int8(int64_t iters, int8_t one) {
   _tile_stored(1, sums[1], 64);
   _tile_stored(2, sums[2], 64);
   _tile_stored(3, sums[3], 64);
-  __asm__ volatile("tilerelease" ::: "memory");  // (_tile_release is target-gated)
+  amx_release();
   int64_t s = 0;
   for (auto& t : sums)
     for (int32_t v : t) s += v;

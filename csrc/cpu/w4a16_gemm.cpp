@@ -20,6 +20,7 @@
 #include <cmath>
 #include <vector>
 
+#include "cpu/amx_common.h"
 #include "cpu/kernel_common.h"
 #include "cpu/ops.h"
 #include "cpu/w4a16_common.h"
@@ -101,10 +102,10 @@ at::Tensor w4a16_run_amx(const at::Tensor& x, const W4Args& args, at::Tensor* ou
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), ceil_div(panels, kW4AmxPanelsPerGrab)), 1,
                    [&](int64_t, int64_t) {
     const Scratch mine(Scratch::kW4Panel, w4_amx_thread_bytes(K));
-    w4_amx_load_config();
+    amx_load_config_16x64();
     for (int64_t p0; (p0 = next.fetch_add(kW4AmxPanelsPerGrab, std::memory_order_relaxed)) < panels;)
       w4_block_amx(a, xb, p0, std::min(panels, p0 + kW4AmxPanelsPerGrab), mine.data());
-    w4_amx_release();
+    amx_release();
   });
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }

@@ -15,6 +15,7 @@
 // stream; the other rows stay row-major.
 
 #include "cpu/w8a8_kernel.h"
+#include "cpu/amx_common.h"
 #include "cpu/w8a8_common.h"
 
 #include <immintrin.h>
@@ -155,7 +156,7 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
     at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), ceil_div(panels, kAmxPanelsPerGrab)), 1,
                      [&](int64_t, int64_t) {
       const Scratch mine(Scratch::kW8Panel, amx_thread_bytes(Kp, a.C));
-      amx_load_config();
+      amx_load_config_16x64();
       for (int64_t p0; (p0 = next.fetch_add(kAmxPanelsPerGrab, std::memory_order_relaxed)) < panels;)
         block_amx(a, xb, xot, p0, std::min(panels, p0 + kAmxPanelsPerGrab), mine.data());
       amx_release();

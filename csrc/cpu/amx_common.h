@@ -1,0 +1,36 @@
+// The AMX tile configuration every AMX kernel here uses (w8a8_amx.inc, w4a16_amx.inc,
+// compute_peak.cpp): palette 1, all eight tiles 16 rows x 64 bytes. Plain inline asm, so
+// it needs no target region; the caller checks amx_int8_available() /
+// amx_bf16_available() first. The tile state is per thread: load it on each thread
+// before its first tile instruction and release it after its last.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace compress_cpu {
+
+struct alignas(64) AmxTileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+inline void amx_load_config_16x64() {
+  AmxTileConfig cfg;
+  std::memset(&cfg, 0, sizeof(cfg));
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  // Not GCC 12's _tile_loadconfig: its asm operand names only the first 8 bytes of the
+  // configuration, so the stores of rows and colsb were dropped as dead (then the first
+  // tilezero raised SIGILL, the tiles being unconfigured). Here the whole struct is the
+  // operand.
+  __asm__ volatile("ldtilecfg %0" : : "m"(cfg) : "memory");
+}
+
+// After a thread's last tile instruction (asm: _tile_release is target-gated).
+inline void amx_release() { __asm__ volatile("tilerelease" ::: "memory"); }
+
+}  // namespace compress_cpu
