@@ -165,13 +165,21 @@ def _bnb_cases(x32, x16, n: int, k: int) -> list[Case]:
     return out
 
 
-EVICT_BYTES = 256 << 20  # larger than any CPU's last-level cache this runs on
+EVICT_BYTES = 256 << 20  # the least eviction read: larger than most CPUs' last-level cache
+EVICT_MAX_BYTES = 2 << 30
 
 
-def _cache_evictor():
-    """Reads a buffer larger than the last-level cache (untimed), so the next call finds
-    its weights in DRAM, as a decode step does, not in a cache warmed by the last call."""
-    buf = torch.ones(EVICT_BYTES // 8, dtype=torch.int64)
+def evict_bytes(llc: int | None) -> int:
+    """How much the cache evictor reads: twice the last-level cache the OS reports (the
+    Xeon development VM reported 480 MiB), at least EVICT_BYTES, at most EVICT_MAX_BYTES."""
+    return min(EVICT_MAX_BYTES, max(EVICT_BYTES, 2 * llc if llc else 0))
+
+
+def _cache_evictor(nbytes: int = EVICT_BYTES):
+    """Reads ``nbytes`` (untimed; larger than the last-level cache, see evict_bytes), so
+    the next call finds its weights in DRAM, as a decode step does, not in a cache warmed
+    by the last call."""
+    buf = torch.ones(nbytes // 8, dtype=torch.int64)
     if ops.native_available("cpu"):
         return lambda: torch.ops.compress.stream_read_sum(buf)
     return lambda: buf.sum()
@@ -204,7 +212,8 @@ def run(shapes, ms, impls=None, reps: int = 7, budget_s: float = 20.0, threads: 
         torch.set_num_threads(threads)
     torch.manual_seed(0)
     bw_before = read_bandwidth(bandwidth_bytes)
-    log(f"# {'cold caches: a 256 MiB read before every timed call' if cold else 'warm caches'}")
+    evict_size = evict_bytes(last_level_cache_bytes())
+    log(f"# {f'cold caches: a {evict_size >> 20} MiB read before every timed call' if cold else 'warm caches'}")
     log(f"# threads={torch.get_num_threads()} isa={ops.cpu_isa() if ops.native_available('cpu') else 'none'} "
         f"DRAM read bandwidth (stream_read_sum over {bandwidth_bytes >> 20} MiB"
         f"{' in 2 MiB pages, as the weights' if bw_before['huge_pages'] else ''}): "
@@ -214,7 +223,7 @@ def run(shapes, ms, impls=None, reps: int = 7, budget_s: float = 20.0, threads: 
         log("# compute peak (register-only loops of the tiles' instruction mix, "
             f"{torch.get_num_threads()} threads): " + ", ".join(
                 f"{name} {p['median_gmacs']:.1f} GMAC/s" for name, p in peaks.items()))
-    evict = _cache_evictor() if cold else None  # one buffer for the whole sweep
+    evict = _cache_evictor(evict_size) if cold else None  # one buffer for the whole sweep
     records: list[Record] = []
     header = f"{'op':<13} {'implementation':<32} {'M':>4} {'N':>6} {'K':>6} {'median ms':>10} {'GB/s':>7} {'GFLOP/s':>8}  ratios"
     log(header)

@@ -47,3 +47,11 @@ def test_stream_shapes_run_at_m1_only_and_are_summarised(monkeypatch):
     verdicts = [line for line in lines if "larger than the 0 MiB last-level cache" in line]
     assert len(verdicts) == 2 and "over 4 cases" in verdicts[0]  # w4a16: fp32 + bf16 x 2 shapes
     assert all("target 85%" in v for v in verdicts)
+
+
+def test_evictor_reads_twice_the_last_level_cache_within_bounds():
+    from compress.bench.kernels import EVICT_BYTES, EVICT_MAX_BYTES, evict_bytes
+    assert evict_bytes(None) == EVICT_BYTES  # sysfs silent: the default
+    assert evict_bytes(32 << 20) == EVICT_BYTES  # a Zen3's 32 MiB L3: the default is larger
+    assert evict_bytes(480 << 20) == 960 << 20  # the Xeon VM's reported L3
+    assert evict_bytes(64 << 30) == EVICT_MAX_BYTES
