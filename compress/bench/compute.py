@@ -21,13 +21,14 @@ FP32_RECIPES = ("fp32_fma512", "fp32_fma")  # best first: what an fp32 sgemm can
 
 
 def available_recipes() -> list[str]:
-    """Recipes the CPU (and the current ISA cap) can run; amx_int8 also needs AMX-INT8
-    that the OS lets this process use."""
+    """Recipes the CPU can run: our tiles' within the current ISA cap (amx_int8 also
+    needs AMX-INT8 that the OS lets this process use); the fp32 ones whatever the cap,
+    being the ceiling of the fp32 matmul we are compared with."""
     if not ops.native_available("cpu"):
         return []
     have = ops.cpu_isas_available()  # best first, down to scalar
     active = have.index(ops.cpu_isa())  # the ISA cap counts
-    return [r for r, isa in RECIPE_ISA.items() if isa in have and have.index(isa) >= active
+    return [r for r, isa in RECIPE_ISA.items() if isa in have and (r in FP32_RECIPES or have.index(isa) >= active)
             and (r != "amx_int8" or ops.w8a8_amx_available())]
 
 

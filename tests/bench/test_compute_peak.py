@@ -46,16 +46,24 @@ def test_probe_rejects_bad_input():
             c.compute_peak("amx_int8", 10)
     with ops.force_cpu_isa("avx2"):  # AMX rides on the AVX-512 level: a cap below it turns it off
         assert "amx_int8" not in compute.available_recipes()
-        assert "fp32_fma512" not in compute.available_recipes()
+        assert "int8_vnni" not in compute.available_recipes()
+        # the fp32 matmul is not capped: its AVX-512 ceiling stays where the CPU has it
+        assert ("fp32_fma512" in compute.available_recipes()) == ("avx512_vnni" in ops.cpu_isas_available())
 
 
 @native
-def test_scalar_cap_leaves_no_recipe():
+def test_scalar_cap_leaves_only_the_fp32_ceilings():
+    """Under a scalar cap our tiles' recipes are gone, and the fp32 ones (the baseline
+    matmul's ceiling, which no cap of ours limits) stay where the CPU has them."""
     c = importlib.import_module("compress._C")
+    have = ops.cpu_isas_available()
     with ops.force_cpu_isa("scalar"):
-        assert compute.available_recipes() == []
-        with pytest.raises(RuntimeError, match="fp32_fma needs AVX2"):
-            c.compute_peak("fp32_fma", 10)
+        expected = [r for r in ("fp32_fma", "fp32_fma512") if compute.RECIPE_ISA[r] in have]
+        assert compute.available_recipes() == expected
+        if "avx2" in have:
+            with pytest.raises(RuntimeError, match="int8_avx2 needs AVX2"):
+                c.compute_peak("int8_avx2", 10)
+            assert c.compute_peak("fp32_fma", 10) == compute.MACS_PER_STEP["fp32_fma"] * 10 * torch.get_num_threads()
 
 
 @native
