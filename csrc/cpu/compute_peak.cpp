@@ -18,7 +18,7 @@
 //              CPUs with AVX-512, where MKL's sgemm runs on zmm (fp32_fma would put its
 //              matmul above 100%)
 //   amx_int8   the W8A8 AMX 32 x 32 block (w8a8_amx.inc) on tiles loaded once: 4 tdpbssd
-//              per step, 65536 MACs (needs AMX-INT8 and the OS's permission, w8::amx_available)
+//              per step, 65536 MACs (needs AMX-INT8 and the OS's permission, amx_int8_available)
 #include <Python.h>
 
 #include <ATen/Parallel.h>
@@ -31,7 +31,6 @@
 
 #include "cpu/amx_common.h"
 #include "cpu/kernel_common.h"
-#include "cpu/w8a8_kernel.h"
 
 namespace compress_cpu {
 namespace {
@@ -228,7 +227,7 @@ int64_t compute_peak(const char* recipe, int64_t iters) {
     if (detected_isa() < Isa::Avx512Vnni) throw std::runtime_error("fp32_fma512 needs AVX-512");
     loop = [](int64_t n) { return peak_fp32_fma512(n, 1.f); };
   } else if (std::strcmp(recipe, "amx_int8") == 0) {
-    if (active_isa() < Isa::Avx512Vnni || !w8::amx_available())
+    if (active_isa() < Isa::Avx512Vnni || !amx_int8_available())
       throw std::runtime_error("amx_int8 needs AMX-INT8 (and the OS's permission to use it)");
     loop = [](int64_t n) { return peak_amx_int8(n, 1); };
   } else {

@@ -14,6 +14,7 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -106,6 +107,23 @@ class Scratch {
 // Splits an [M, N] output into (m-block, n-block) work items for at::parallel_for
 // with the m-block index fastest, so one thread keeps one weight n-block hot in its
 // cache while it walks the M rows. `fn(m0, m1, n0, n1)`.
+// Items [0, n) handed out `grab` at a time from one shared counter to the intra-op
+// threads (as many as have work): `thread_body(take)` runs once per thread, and
+// take(begin, end) gives it its next grab, false when none is left. For work whose
+// threads need per-thread setup (a workspace, the AMX tile state) and should balance
+// dynamically: the development VMs' two vCPUs run at different speeds from call to call.
+template <typename F>
+inline void parallel_grabs(int64_t n, int64_t grab, const F& thread_body) {
+  std::atomic<int64_t> next{0};
+  const auto take = [&](int64_t& begin, int64_t& end) {
+    begin = next.fetch_add(grab, std::memory_order_relaxed);
+    end = std::min(n, begin + grab);
+    return begin < n;
+  };
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), ceil_div(n, grab)), 1,
+                   [&](int64_t, int64_t) { thread_body(take); });
+}
+
 template <typename F>
 inline void parallel_tiles(int64_t M, int64_t N, int64_t mb, int64_t nb, const F& fn) {
   const int64_t m_blocks = ceil_div(M, mb), n_blocks = ceil_div(N, nb);

@@ -29,54 +29,36 @@ static PyObject* py_set_cpu_isa(PyObject*, PyObject* arg) {
   return PyUnicode_FromString(compress_cpu::isa_name(compress_cpu::active_isa()));
 }
 
+// The kernels' row thresholds: a setter that checks rows >= 1 and returns the previous
+// value, and a getter, per knob.
+static PyObject* set_min_rows(const char* name, PyObject* arg, int64_t (*setter)(int64_t)) {
+  const long long rows = PyLong_AsLongLong(arg);
+  if (rows == -1 && PyErr_Occurred()) return nullptr;
+  if (rows < 1) {
+    PyErr_Format(PyExc_ValueError, "%s: rows must be >= 1, got %lld", name, rows);
+    return nullptr;
+  }
+  return PyLong_FromLongLong(setter(rows));
+}
+
+template <int64_t (*Getter)()>
+static PyObject* py_get_rows(PyObject*, PyObject*) {
+  return PyLong_FromLongLong(Getter());
+}
+
 static PyObject* py_set_w8a8_int16_min_rows(PyObject*, PyObject* arg) {
-  const long long rows = PyLong_AsLongLong(arg);
-  if (rows == -1 && PyErr_Occurred()) return nullptr;
-  if (rows < 1) {
-    PyErr_Format(PyExc_ValueError, "set_w8a8_int16_min_rows: rows must be >= 1, got %lld", rows);
-    return nullptr;
-  }
-  return PyLong_FromLongLong(compress_cpu::w8::set_int16_min_rows(rows));
+  return set_min_rows("set_w8a8_int16_min_rows", arg, compress_cpu::w8::set_int16_min_rows);
 }
-
-static PyObject* py_w8a8_int16_min_rows(PyObject*, PyObject*) {
-  return PyLong_FromLongLong(compress_cpu::w8::int16_min_rows());
-}
-
 static PyObject* py_set_w8a8_amx_min_rows(PyObject*, PyObject* arg) {
-  const long long rows = PyLong_AsLongLong(arg);
-  if (rows == -1 && PyErr_Occurred()) return nullptr;
-  if (rows < 1) {
-    PyErr_Format(PyExc_ValueError, "set_w8a8_amx_min_rows: rows must be >= 1, got %lld", rows);
-    return nullptr;
-  }
-  return PyLong_FromLongLong(compress_cpu::w8::set_amx_min_rows(rows));
+  return set_min_rows("set_w8a8_amx_min_rows", arg, compress_cpu::w8::set_amx_min_rows);
 }
-
-static PyObject* py_w8a8_amx_min_rows(PyObject*, PyObject*) {
-  return PyLong_FromLongLong(compress_cpu::w8::amx_min_rows());
-}
-
-static PyObject* py_w8a8_amx_available(PyObject*, PyObject*) {
-  return PyBool_FromLong(compress_cpu::w8::amx_available());
-}
-
 static PyObject* py_set_w4a16_amx_min_rows(PyObject*, PyObject* arg) {
-  const long long rows = PyLong_AsLongLong(arg);
-  if (rows == -1 && PyErr_Occurred()) return nullptr;
-  if (rows < 1) {
-    PyErr_Format(PyExc_ValueError, "set_w4a16_amx_min_rows: rows must be >= 1, got %lld", rows);
-    return nullptr;
-  }
-  return PyLong_FromLongLong(compress_cpu::w4::set_amx_min_rows(rows));
+  return set_min_rows("set_w4a16_amx_min_rows", arg, compress_cpu::w4::set_amx_min_rows);
 }
 
-static PyObject* py_w4a16_amx_min_rows(PyObject*, PyObject*) {
-  return PyLong_FromLongLong(compress_cpu::w4::amx_min_rows());
-}
-
-static PyObject* py_w4a16_amx_available(PyObject*, PyObject*) {
-  return PyBool_FromLong(compress_cpu::amx_bf16_available());
+template <bool (*Available)()>
+static PyObject* py_available(PyObject*, PyObject*) {
+  return PyBool_FromLong(Available());
 }
 
 PyObject* py_compute_peak(PyObject*, PyObject* args);  // compute_peak.cpp
@@ -90,21 +72,21 @@ static PyMethodDef compress_c_methods[] = {
     {"set_w8a8_int16_min_rows", py_set_w8a8_int16_min_rows, METH_O,
      "Fewest rows for which W8A8 on AVX2 takes the int16 GEMM (the same bits as the byte tiles); "
      "returns the previous value."},
-    {"w8a8_int16_min_rows", py_w8a8_int16_min_rows, METH_NOARGS,
+    {"w8a8_int16_min_rows", py_get_rows<compress_cpu::w8::int16_min_rows>, METH_NOARGS,
      "Fewest rows for which W8A8 on AVX2 takes the int16 GEMM (set_w8a8_int16_min_rows)."},
     {"set_w8a8_amx_min_rows", py_set_w8a8_amx_min_rows, METH_O,
      "Fewest rows for which W8A8 at the avx512_vnni level takes the AMX-INT8 tiles where the CPU has "
      "them (the same bits as the VNNI tiles); returns the previous value."},
-    {"w8a8_amx_min_rows", py_w8a8_amx_min_rows, METH_NOARGS,
+    {"w8a8_amx_min_rows", py_get_rows<compress_cpu::w8::amx_min_rows>, METH_NOARGS,
      "Fewest rows for which W8A8 takes the AMX-INT8 tiles (set_w8a8_amx_min_rows)."},
-    {"w8a8_amx_available", py_w8a8_amx_available, METH_NOARGS,
+    {"w8a8_amx_available", py_available<compress_cpu::amx_int8_available>, METH_NOARGS,
      "Whether this CPU and OS let the W8A8 ops use AMX-INT8 tiles."},
     {"set_w4a16_amx_min_rows", py_set_w4a16_amx_min_rows, METH_O,
      "Fewest rows for which W4A16 at the avx512_vnni level takes the AMX-BF16 tiles where the CPU has "
      "them (bf16 activations and dequantized weights, fp32 sums); returns the previous value."},
-    {"w4a16_amx_min_rows", py_w4a16_amx_min_rows, METH_NOARGS,
+    {"w4a16_amx_min_rows", py_get_rows<compress_cpu::w4::amx_min_rows>, METH_NOARGS,
      "Fewest rows for which W4A16 takes the AMX-BF16 tiles (set_w4a16_amx_min_rows)."},
-    {"w4a16_amx_available", py_w4a16_amx_available, METH_NOARGS,
+    {"w4a16_amx_available", py_available<compress_cpu::amx_bf16_available>, METH_NOARGS,
      "Whether this CPU and OS let the W4A16 ops use AMX-BF16 tiles."},
     {"compute_peak", py_compute_peak, METH_VARARGS,
      "compute_peak(recipe, iters): runs a register-only GEMM-step loop (fp32_fma, int8_avx2, int16_avx2, "

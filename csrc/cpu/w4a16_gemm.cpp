@@ -97,14 +97,10 @@ at::Tensor w4a16_run_amx(const at::Tensor& x, const W4Args& args, at::Tensor* ou
   at::Tensor y = out ? *out : at::empty({M, N}, x.options().dtype(at::kFloat));
   W4Args a = args;
   a.y = y.data_ptr<float>();
-  std::atomic<int64_t> next{0};
-  const int64_t panels = ceil_div(N, kW4AmxCols);
-  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), ceil_div(panels, kW4AmxPanelsPerGrab)), 1,
-                   [&](int64_t, int64_t) {
+  parallel_grabs(ceil_div(N, kW4AmxCols), kW4AmxPanelsPerGrab, [&](const auto& take) {
     const Scratch mine(Scratch::kW4Panel, w4_amx_thread_bytes(K));
     amx_load_config_16x64();
-    for (int64_t p0; (p0 = next.fetch_add(kW4AmxPanelsPerGrab, std::memory_order_relaxed)) < panels;)
-      w4_block_amx(a, xb, p0, std::min(panels, p0 + kW4AmxPanelsPerGrab), mine.data());
+    for (int64_t p0, p1; take(p0, p1);) w4_block_amx(a, xb, p0, p1, mine.data());
     amx_release();
   });
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());

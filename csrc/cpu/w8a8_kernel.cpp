@@ -77,7 +77,6 @@ int64_t set_int16_min_rows(int64_t rows) { return int16_rows.exchange(rows); }
 int64_t int16_min_rows() { return int16_rows.load(std::memory_order_relaxed); }
 int64_t set_amx_min_rows(int64_t rows) { return amx_rows.exchange(rows); }
 int64_t amx_min_rows() { return amx_rows.load(std::memory_order_relaxed); }
-bool amx_available() { return amx_int8_available(); }
 
 // Runs the whole op: quantize, tiles over the intra-op pool, cast to x's dtype.
 at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::Tensor& wscale_in,
@@ -115,7 +114,7 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
   // the activations rearranged into tdpbssd's B layout (xb, in the same place). Never
   // one row: its fused outliers go in the VNNI tiles' epilogue (below).
   const bool i16 = active_isa() == Isa::Avx2 && M >= int16_min_rows();
-  const bool amx = active_isa() == Isa::Avx512Vnni && M >= std::max<int64_t>(2, amx_min_rows()) && amx_available();
+  const bool amx = active_isa() == Isa::Avx512Vnni && M >= std::max<int64_t>(2, amx_min_rows()) && amx_int8_available();
   const int64_t x16_offset = ceil_div(2 * M * Kp + 4 * M * (1 + C), 64) * 64;
   const int64_t xot_offset = x16_offset + (amx ? amx_activation_bytes(M, Kp) : 0);
   const Scratch work(Scratch::kW8, x16_offset + (i16 ? 2 * M * Kp : amx ? amx_activation_bytes(M, Kp) + amx_outlier_bytes(M, C) : 0));
@@ -151,14 +150,10 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
     if (a.C) build_amx_outliers(a, xot);
     at::parallel_for(0, amx_padded_rows(M) / 16, 1, [&](int64_t b0, int64_t b1) { build_amx_activations(a, b0, b1, xb); });
     // 32-column panels from a shared counter, as the int16 GEMM's (below).
-    std::atomic<int64_t> next{0};
-    const int64_t panels = ceil_div(N, kAmxCols);
-    at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), ceil_div(panels, kAmxPanelsPerGrab)), 1,
-                     [&](int64_t, int64_t) {
+    parallel_grabs(ceil_div(N, kAmxCols), kAmxPanelsPerGrab, [&](const auto& take) {
       const Scratch mine(Scratch::kW8Panel, amx_thread_bytes(Kp, a.C));
       amx_load_config_16x64();
-      for (int64_t p0; (p0 = next.fetch_add(kAmxPanelsPerGrab, std::memory_order_relaxed)) < panels;)
-        block_amx(a, xb, xot, p0, std::min(panels, p0 + kAmxPanelsPerGrab), mine.data());
+      for (int64_t p0, p1; take(p0, p1);) block_amx(a, xb, xot, p0, p1, mine.data());
       amx_release();
     });
   } else if (i16) {
@@ -166,13 +161,9 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
     // two vCPUs of the development VMs run at different speeds from call to call, and
     // a static half each left the faster one idle (same-process A/B, M = 256, 5
     // shapes: 1.00-1.23x the static split; M = 64: 1.04-1.25x).
-    std::atomic<int64_t> next{0};
-    const int64_t panels = ceil_div(N, kI16Cols);
-    at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), ceil_div(panels, kI16PanelsPerGrab)), 1,
-                     [&](int64_t, int64_t) {
+    parallel_grabs(ceil_div(N, kI16Cols), kI16PanelsPerGrab, [&](const auto& take) {
       const Scratch mine(Scratch::kW8Panel, i16_thread_bytes(M));
-      for (int64_t p0; (p0 = next.fetch_add(kI16PanelsPerGrab, std::memory_order_relaxed)) < panels;)
-        block_i16_avx2(a, x16, p0 * kI16Cols, std::min(N, (p0 + kI16PanelsPerGrab) * kI16Cols), mine.data());
+      for (int64_t p0, p1; take(p0, p1);) block_i16_avx2(a, x16, p0 * kI16Cols, std::min(N, p1 * kI16Cols), mine.data());
     });
   } else {
     const int64_t nb = std::max<int64_t>(8, ((128 << 10) / std::max<int64_t>(1, K)) / 8 * 8);

@@ -22,11 +22,10 @@ int64_t set_int16_min_rows(int64_t rows);
 int64_t int16_min_rows();  // the current value
 
 // Fewest rows for which the AVX-512 VNNI level takes the AMX-INT8 tiles (w8a8_amx.inc)
-// where the CPU and the OS allow them (amx_available); the same bits as the VNNI tiles.
+// where the CPU and the OS allow them (amx_int8_available); the same bits as the VNNI tiles.
 // Returns the previous value; scripts/ab_many_rows.py --path amx times one against the other.
 int64_t set_amx_min_rows(int64_t rows);
 int64_t amx_min_rows();
-bool amx_available();  // AMX-TILE + AMX-INT8, enabled by the OS, permission granted
 
 }  // namespace w8
 }  // namespace compress_cpu
