@@ -30,6 +30,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -41,11 +42,22 @@ from quantizers.primitives import sqnr_db  # noqa: E402
 
 SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008), (14336, 4096), (2048, 8192)]
 NEVER = 1 << 62  # a row threshold no call reaches: the path is off
-# --path: (the threshold's setter, the label with the path on, with it off, what it is,
-# whether both must give the same bits)
-PATHS = {"int16": (ops.set_w8a8_int16_min_rows, "int16", "bytes", "int16 GEMM", True),
-         "amx": (ops.set_w8a8_amx_min_rows, "amx", "vnni", "AMX tiles", True),
-         "w4-amx": (ops.set_w4a16_amx_min_rows, "amx", "int8", "W4A16 AMX tiles", False)}
+
+
+class ManyRowPath(NamedTuple):
+    set_rows: Callable[[int], int]  # its row threshold's setter (returns the previous value)
+    get_rows: Callable[[], int]
+    on: str  # labels of the two sides
+    off: str
+    what: str
+    exact: bool  # whether both sides must give the same bits
+
+
+PATHS = {
+    "int16": ManyRowPath(ops.set_w8a8_int16_min_rows, ops.w8a8_int16_min_rows, "int16", "bytes", "int16 GEMM", True),
+    "amx": ManyRowPath(ops.set_w8a8_amx_min_rows, ops.w8a8_amx_min_rows, "amx", "vnni", "AMX tiles", True),
+    "w4-amx": ManyRowPath(ops.set_w4a16_amx_min_rows, ops.w4a16_amx_min_rows, "amx", "int8", "W4A16 AMX tiles", False),
+}
 # Least SQNR between the two sides of an inexact path: one GEMM, and a whole model's
 # logits, where the two roundings compound over every layer (the 345M benchmark Llama's
 # int4 export read ~32 dB)
@@ -74,16 +86,16 @@ def usable(path: str) -> bool:
             "w4-amx": isa == "avx512_vnni" and ops.w4a16_amx_available()}[path]
 
 
-def model_ab(path: str, prompt_lengths: list[int], rounds: int, default: int, which: str) -> bool:
-    """Prefill A/B on a checkpoint; False if the two paths' logits differ."""
+def model_ab(path: str, prompt_lengths: list[int], rounds: int, default: int, which: ManyRowPath) -> bool:
+    """Prefill A/B on a checkpoint; False if the two sides' logits disagree."""
     from compress.runtime.loading import open_checkpoint
     from compress.runtime.model_runner import ModelRunner
     from compress.runtime.models.llama import build_model
 
     model = build_model(open_checkpoint(path))
+    set_rows, on, off, exact = which.set_rows, which.on, which.off, which.exact
     for length in prompt_lengths:
         prompt = [(7 * i) % (model.vocab_size - 5) + 5 for i in range(length)]
-        set_rows, on, off, _, exact = PATHS[which]
         times: dict[str, list[float]] = {on: [], off: []}
         logits = {}
         for _ in range(rounds + 1):  # the first round warms up, untimed
@@ -110,7 +122,8 @@ def main(argv=None) -> int:
     p.add_argument("--m", type=int, nargs="+", default=[16, 64, 256], help="rows M")
     p.add_argument("--shapes", nargs="+", default=[f"{n}x{k}" for n, k in SHAPES], help="NxK (out x in)")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--model", help="a packed int8 checkpoint: time its prefill instead of single GEMMs")
+    p.add_argument("--model", help="a packed checkpoint (int8 for int16 / amx, int4 for w4-amx): time its "
+                   "prefill instead of single GEMMs")
     p.add_argument("--prompt-tokens", type=int, nargs="+", default=[64, 256], help="prompt lengths (--model)")
     args = p.parse_args(argv)
     if not ops.native_available("cpu"):
@@ -120,15 +133,15 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     if args.path is None:
         args.path = "amx" if usable("amx") else "int16"
-    set_rows, on, off, what, exact = PATHS[args.path]
-    default = set_rows(NEVER)
-    set_rows(default)
+    path = PATHS[args.path]
+    set_rows, on, off, what, exact = path.set_rows, path.on, path.off, path.what, path.exact
+    default = path.get_rows()
     print(f"# isa={ops.cpu_isa()} threads={torch.get_num_threads()} {what} from M={default}"
           f"{'' if usable(args.path) else ' (not taken on this CPU: both sides run the same tiles)'}; "
           f"medians of {args.rounds} alternating rounds, warm caches")
     try:
         if args.model:
-            return 0 if model_ab(args.model, args.prompt_tokens, args.rounds, default, args.path) else 1
+            return 0 if model_ab(args.model, args.prompt_tokens, args.rounds, default, path) else 1
         for m in args.m:
             for shape in args.shapes:
                 n, k = (int(v) for v in shape.lower().split("x"))
@@ -139,11 +152,13 @@ def main(argv=None) -> int:
                         pack_int4(torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)),
                         (torch.rand(n, k // group, generator=g) * 0.02 + 1e-3).half(),
                         torch.randint(0, 16, (n, k // group), generator=g, dtype=torch.uint8))
-                    gemm = lambda xx, p=prepared, gs=group: torch.ops.compress.w4a16_gemm_prepared(xx, *p, gs)  # noqa: E731
+                    def gemm(xx, p=prepared, gs=group):
+                        return torch.ops.compress.w4a16_gemm_prepared(xx, *p, gs)
                 else:
                     q = w8a8_tile_cpu(torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8))
                     s = torch.rand(n, generator=g) * 0.01 + 1e-3
-                    gemm = lambda xx, q=q, s=s: torch.ops.compress.w8a8_gemm_prepared(xx, q, s)  # noqa: E731
+                    def gemm(xx, q=q, s=s):
+                        return torch.ops.compress.w8a8_gemm_prepared(xx, q, s)
                 x = torch.randn(m, k, generator=g)
                 wf = torch.randn(n, k, generator=g)
                 runs = {on: (1, lambda: gemm(x)), off: (NEVER, lambda: gemm(x)),
