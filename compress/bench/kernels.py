@@ -271,7 +271,7 @@ def run(shapes, ms, impls=None, reps: int = 7, budget_s: float = 20.0, threads: 
                 if same:
                     line += f"; {min(same):.1f}-{max(same):.1f}% of a same-size read in the same rounds"
                 log(line)
-    _large_m_summary(records, peaks, log)
+    _large_m_summary(records, peaks, log, **_current_w8a8_paths())
     return {"bandwidth": {"before": bw_before, "after": bw_after, "best_gbps": best},
             "last_level_cache_bytes": llc, "compute_peaks": peaks,
             "threads": torch.get_num_threads(),
@@ -279,23 +279,22 @@ def run(shapes, ms, impls=None, reps: int = 7, budget_s: float = 20.0, threads: 
             "records": [asdict(r) for r in records]}
 
 
-_CURRENT = object()  # _large_m_summary's "ask the extension" default
+def _current_w8a8_paths() -> dict:
+    """What the W8A8 ops take now: the active ISA and the many-row thresholds (AMX: None
+    where the CPU or OS does not allow it), as _large_m_summary's keywords."""
+    if not ops.native_available("cpu"):
+        return {"isa": "scalar", "int16_min_rows": 1 << 62, "amx_min_rows": None}
+    return {"isa": ops.cpu_isa(), "int16_min_rows": ops.w8a8_int16_min_rows(),
+            "amx_min_rows": ops.w8a8_amx_min_rows() if ops.w8a8_amx_available() else None}
 
 
-def _large_m_summary(records: list[Record], peaks: dict, log, isa: str | None = None,
-                     int16_min_rows: int | None = None, amx_min_rows=_CURRENT) -> None:
+def _large_m_summary(records: list[Record], peaks: dict, log, *, isa: str, int16_min_rows: int,
+                     amx_min_rows: int | None = None) -> None:
     """int8 at M >= 64 against fp32 matmul and against the compute peaks: an int8 GEMM on
     this CPU can be at most (int8 peak / fp32 peak) x an fp32 GEMM that runs at its peak
     (the fp32 peak: AVX-512 FMAs where the CPU has them, as MKL uses). Each record is held
-    against the peak of the instruction mix its M runs (compute.w8a8_recipe; ``isa``,
-    ``int16_min_rows`` and ``amx_min_rows``, None for no AMX, default to the current ones)."""
-    native = ops.native_available("cpu")
-    if isa is None:
-        isa = ops.cpu_isa() if native else "scalar"
-    if int16_min_rows is None:
-        int16_min_rows = ops.w8a8_int16_min_rows() if native else 1 << 62
-    if amx_min_rows is _CURRENT:
-        amx_min_rows = ops.w8a8_amx_min_rows() if native and ops.w8a8_amx_available() else None
+    against the peak of the instruction mix its M runs on ``isa`` with those thresholds
+    (compute.w8a8_recipe; ``amx_min_rows`` None: no AMX)."""
     fp32 = {(r.M, r.N, r.K): r for r in records if r.implementation == "torch matmul fp32"}
     fp32_recipe, fp32_best = fp32_peak(peaks)
     ratios = []
