@@ -10,9 +10,9 @@
 //   fp32_fma   12 accumulators x 8 lanes, 12 FMAs per step (an AVX2 sgemm micro-tile)
 //   int8_avx2  the W8A8 AVX2 4 x 2 tile: per step 4 vpabsb and 8 x (vpsignb, vpmaddubsw,
 //              vpmaddwd, vpaddd), 256 MACs
-//   int16_avx2 the W8A8 int16 6 x 16 tile (w8a8_i16_avx2.inc, AVX2 without VNNI, many
-//              rows) on L1-resident operands: per step (one k pair) 2 panel loads, 6 int32
-//              broadcasts and 12 x (vpmaddwd, vpaddd), 192 MACs
+//   int16_avx2 the W8A8 int16 6 x 16 tile itself (w8a8_i16_avx2.inc's tile_i16<6>, AVX2
+//              without VNNI, many rows) on L1-resident operands: per step (one k pair) 2
+//              panel loads, 6 int32 broadcasts and 12 x (vpmaddwd, vpaddd), 192 MACs
 //   int8_vnni  the W8A8 VNNI 4 x 4 tile: 16 x (masked vpsubb, vpdpbusd) on 64 bytes, 1024 MACs
 //   fp32_fma512 12 accumulators x 16 lanes, 12 AVX-512 FMAs per step: the fp32 ceiling of
 //              CPUs with AVX-512, where MKL's sgemm runs on zmm (fp32_fma would put its
@@ -31,6 +31,39 @@
 
 #include "cpu/amx_common.h"
 #include "cpu/kernel_common.h"
+#include "cpu/w8a8_common.h"
+
+// The W8A8 int16 tile, for the int16_avx2 recipe: the same source and target as in
+// w8a8_kernel.cpp (an inline function must be the same in every file that defines it).
+namespace compress_cpu {
+namespace w8 {
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#include "cpu/w8a8_i16_avx2.inc"
+static int64_t peak_int16_avx2(int64_t iters, int16_t one) {  // this file only
+  // The kernel's own 6 x 16 tile (tile_i16<6>) on L1-resident operands: a panel of
+  // kRun pairs and six activation rows of them (22 KiB), run after run with its sums
+  // carried in `sums` as between K blocks (12 loads and stores per kRun pairs). Runs of
+  // 32 pairs read ~30% lower (53 against 74-79 GMAC/s on one thread).
+  constexpr int64_t kRun = 256;
+  alignas(32) int16_t panel[kRun * 32], x16[6 * 2 * kRun];
+  std::fill(panel, panel + kRun * 32, one);
+  std::fill(x16, x16 + 6 * 2 * kRun, one);
+  alignas(32) int32_t sums[6 * kI16Cols] = {};
+  Args a{};
+  a.M = 6, a.Kp = 2 * kRun;  // x16 rows lie Kp int16 apart
+  for (int64_t done = 0; done < iters;) {
+    const int64_t run = std::min(kRun, iters - done);
+    tile_i16<6>(a, x16, panel, run, 0, 0, 0, kI16Cols, nullptr, sums, /*first=*/done == 0, /*last=*/false);
+    done += run;
+  }
+  int64_t s = 0;
+  for (int32_t v : sums) s += v;
+  return s;
+}
+#pragma GCC pop_options
+}  // namespace w8
+}  // namespace compress_cpu
 
 namespace compress_cpu {
 namespace {
@@ -72,41 +105,6 @@ int64_t peak_int8_avx2(int64_t iters, int8_t one) {
       acc[m][1] = _mm256_add_epi32(acc[m][1], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w1, xm)), ones));
     }
     __asm__ volatile("" : "+x"(w0), "+x"(w1), "+r"(xp));
-  }
-  int64_t s = 0;
-  for (auto& row : acc)
-    for (auto& a : row) s += hsum256_epi32(a);
-  return s;
-}
-int64_t peak_int16_avx2(int64_t iters, int16_t one) {
-  // One step is one k pair of the tile: the panel's two 8-column halves and each row's
-  // pair, loaded from L1 as the tile loads them, in runs of up to kRun pairs (22 KiB of
-  // operands; runs of 32 read ~30% lower, 53 against 74-79 GMAC/s on one thread). With
-  // the halves held in registers GCC spilled accumulators: the tile needs all 16 ymm.
-  constexpr int64_t kRun = 256;
-  __m256i acc[6][2];
-  for (auto& row : acc)
-    for (auto& a : row) a = _mm256_setzero_si256();
-  alignas(32) int16_t w[kRun][32], x[6][2 * kRun];
-  std::fill(&w[0][0], &w[0][0] + sizeof(w) / 2, one);
-  std::fill(&x[0][0], &x[0][0] + sizeof(x) / 2, one);
-  const int16_t* wp = &w[0][0];
-  const int16_t* xp = &x[0][0];
-  for (int64_t done = 0; done < iters;) {
-    const int64_t run = std::min(kRun, iters - done);
-    for (int64_t p = 0; p < run; ++p) {
-      const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(wp + 32 * p));
-      const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(wp + 32 * p + 16));
-      for (int m = 0; m < 6; ++m) {
-        int32_t v;
-        std::memcpy(&v, xp + 2 * kRun * m + 2 * p, 4);
-        const __m256i xb = _mm256_set1_epi32(v);
-        acc[m][0] = _mm256_add_epi32(acc[m][0], _mm256_madd_epi16(w0, xb));
-        acc[m][1] = _mm256_add_epi32(acc[m][1], _mm256_madd_epi16(w1, xb));
-      }
-    }
-    done += run;
-    __asm__ volatile("" : "+r"(wp), "+r"(xp));
   }
   int64_t s = 0;
   for (auto& row : acc)
@@ -219,7 +217,7 @@ int64_t compute_peak(const char* recipe, int64_t iters) {
     loop = [](int64_t n) { return peak_int8_avx2(n, 1); };
   } else if (std::strcmp(recipe, "int16_avx2") == 0) {
     if (active_isa() < Isa::Avx2) throw std::runtime_error("int16_avx2 needs AVX2");
-    loop = [](int64_t n) { return peak_int16_avx2(n, 1); };
+    loop = [](int64_t n) { return w8::peak_int16_avx2(n, 1); };
   } else if (std::strcmp(recipe, "int8_vnni") == 0) {
     if (active_isa() < Isa::Avx512Vnni) throw std::runtime_error("int8_vnni needs AVX-512 VNNI");
     loop = [](int64_t n) { return peak_int8_vnni(n, 1); };
