@@ -1,5 +1,6 @@
 """Every compress op's CPU kernel, on every ISA this machine has (the best one, forced
-AVX2, forced scalar), against the pure-PyTorch reference over odd shapes; opcheck."""
+AVX2, forced scalar; the `isa` fixture of tests/ops/conftest.py), against the pure-PyTorch
+reference over odd shapes; opcheck."""
 from __future__ import annotations
 
 import pytest
@@ -7,37 +8,10 @@ import torch
 
 import compress.ops as ops
 from compress.ops import reference
+from int_weights import make_int4, make_int8
 from quantizers.primitives import sqnr_db
 
 pytestmark = pytest.mark.skipif(not ops.native_available("cpu"), reason="compress._C not built")
-
-ISAS = ops.cpu_isas_available() if ops.native_available("cpu") else []
-
-
-@pytest.fixture(autouse=True)
-def _seed():
-    torch.manual_seed(0)  # SQNR of tiny shapes varies with the draw: keep tests deterministic
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    with ops.force_cpu_isa(request.param):
-        yield request.param
-
-
-def make_int4(n: int, k: int, group: int, scale_dtype=torch.float16, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    u = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
-    qweight = reference.pack_int4(u)
-    scales = (torch.rand(n, k // group, generator=g) * 0.02 + 0.001).to(scale_dtype)
-    zeros = torch.randint(0, 16, (n, k // group), generator=g, dtype=torch.uint8)
-    return qweight, scales, zeros
-
-
-def make_int8(n: int, k: int, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
-    return q, torch.rand(n, generator=g) * 0.01 + 1e-3
 
 
 # (M, N, K, group): M odd / 1 / beyond a tile; K == group; N small; K % 64 == 32.
@@ -129,7 +103,7 @@ def test_w4a16_isas_agree(m, n, k, group):
     prepared = reference.w4a16_prepare_cpu(qweight, scales, zeros)
     x = torch.randn(m, k) * torch.logspace(-2, 1, k)  # blocks of very different ranges
     outs = []
-    for name in ISAS:
+    for name in ops.cpu_isas_available():
         with ops.force_cpu_isa(name):
             outs.append([torch.ops.compress.w4a16_gemm(x, qweight, scales, zeros, group),
                          torch.ops.compress.w4a16_gemm_prepared(x, *prepared, group),

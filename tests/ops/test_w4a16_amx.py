@@ -11,25 +11,13 @@ import torch
 
 import compress.ops as ops
 from compress.ops import reference
+from int_weights import make_int4
 from quantizers.primitives import sqnr_db
 
 native = ops.native_available("cpu")
 pytestmark = pytest.mark.skipif(not native, reason="compress._C not built")
 AMX = native and ops.w4a16_amx_available() and "avx512_vnni" in ops.cpu_isas_available()
 NEVER = 1 << 62
-
-
-@pytest.fixture(autouse=True)
-def _seed():
-    torch.manual_seed(0)
-
-
-def make_int4(n: int, k: int, group: int, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    qweight = reference.pack_int4(torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8))
-    scales = (torch.rand(n, k // group, generator=g) * 0.02 + 0.001).half()
-    zeros = torch.randint(0, 16, (n, k // group), generator=g, dtype=torch.uint8)
-    return qweight, scales, zeros
 
 
 @contextlib.contextmanager

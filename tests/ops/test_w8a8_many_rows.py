@@ -10,23 +10,11 @@ import torch
 
 import compress.ops as ops
 from compress.ops import reference
+from int_weights import make_int8
 
 pytestmark = pytest.mark.skipif(not ops.native_available("cpu"), reason="compress._C not built")
 
-ISAS = ops.cpu_isas_available() if ops.native_available("cpu") else []
 NEVER = 1 << 62
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    with ops.force_cpu_isa(request.param):
-        yield request.param
-
-
-def make_int8(n: int, k: int, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
-    return q, torch.rand(n, generator=g) * 0.01 + 1e-3
 
 
 @contextlib.contextmanager
