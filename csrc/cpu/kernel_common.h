@@ -67,6 +67,11 @@ inline void row_to_float(const at::Tensor& x, int64_t m, float* dst) {
   }
 }
 
+// A GEMM's fp32 result `y` (contiguous) as a new tensor of the activations' dtype (y
+// itself for fp32), rounded as y.to(dtype) rounds. Our own loop (float_out.cpp): in a
+// cold M = 1 call (bench kernels) ATen's copy kernel cost ~40 us of a 0.4-1 ms GEMV.
+at::Tensor float_to_activation_dtype(const at::Tensor& y, at::ScalarType dtype);
+
 // The `_into` entry points write y into `out`: fp32 x, out fp32 [M, N] and contiguous.
 inline void check_float_out(const char* op, const at::Tensor& x, int64_t N, const at::Tensor& out) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat && out.dim() == 2 &&

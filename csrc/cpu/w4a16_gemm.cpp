@@ -103,7 +103,7 @@ at::Tensor w4a16_run_amx(const at::Tensor& x, const W4Args& args, at::Tensor* ou
     for (int64_t p0, p1; take(p0, p1);) w4_block_amx(a, xb, p0, p1, mine.data());
     amx_release();
   });
-  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+  return float_to_activation_dtype(y, x.scalar_type());
 }
 #endif  // COMPRESS_ISA_EMULATION
 
@@ -156,7 +156,7 @@ at::Tensor w4a16_run(const at::Tensor& x_in, const at::Tensor& qweight_in,
   // chunks); other sizes (16, 96, 160, ...) go through the exact dequantizing path.
   if (G % kBlock != 0 || (G != kBlock && G % kChunk != 0)) {
     at::Tensor y = w4_dequant_mm(x, qweight, s, z, G, N4);
-    return out ? out->copy_(y) : y.to(x.scalar_type());
+    return out ? out->copy_(y) : float_to_activation_dtype(y, x.scalar_type());
   }
 
   const int64_t KC = ceil_div(K, kChunk);
@@ -189,7 +189,7 @@ at::Tensor w4a16_run(const at::Tensor& x_in, const at::Tensor& qweight_in,
   // n-blocks of ~128 KiB of packed weights (L2), m-blocks of 64 rows.
   const int64_t nb = std::max<int64_t>(8, ((128 << 10) / std::max<int64_t>(1, K / 2)) / 8 * 8);
   parallel_tiles(M, N, 64, nb, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) { kernel(a, m0, m1, n0, n1); });
-  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+  return float_to_activation_dtype(y, x.scalar_type());
 }
 
 void check_w4_args(const char* op, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,

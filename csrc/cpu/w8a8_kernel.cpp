@@ -180,7 +180,7 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
       else outlier_products_scalar(b, n0, n1);
     });
   }
-  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+  return float_to_activation_dtype(y, x.scalar_type());
 }
 
 }  // namespace w8
