@@ -165,6 +165,9 @@ def _bnb_cases(x32, x16, n: int, k: int) -> list[Case]:
     return out
 
 
+# Rows of the small call of the same case that warms the code between the eviction and
+# the timed call (see time_cases): enough n-blocks that both threads of a 2-thread run work.
+WARM_CODE_ROWS = 256
 EVICT_BYTES = 256 << 20  # the least eviction read: larger than most CPUs' last-level cache
 EVICT_MAX_BYTES = 2 << 30
 
@@ -185,10 +188,15 @@ def _cache_evictor(nbytes: int = EVICT_BYTES):
     return lambda: buf.sum()
 
 
-def time_cases(cases: list[Case], reps: int, budget_s: float, evict=None) -> dict[str, float]:
+def time_cases(cases: list[Case], reps: int, budget_s: float, evict=None,
+               warmers: dict[str, Callable[[], object]] | None = None) -> dict[str, float]:
     """A B A B: each round calls every case once; medians per case. ``evict`` (e.g.
-    :func:`_cache_evictor`) runs untimed before every timed call."""
+    :func:`_cache_evictor`) runs untimed before every timed call, then the case's entry
+    of ``warmers`` (keyed ``op|implementation``; a small call of the same code on other
+    weights), so the timed call finds its weights in DRAM and its code in cache, as a
+    decode step's GEMV does."""
     evict = evict or (lambda: None)
+    warmers = warmers or {}
     for c in cases:  # warm-up (and first-touch)
         c.fn()
     times: dict[str, list[float]] = {c.op + "|" + c.implementation: [] for c in cases}
@@ -196,6 +204,7 @@ def time_cases(cases: list[Case], reps: int, budget_s: float, evict=None) -> dic
     for r in range(reps):
         for c in cases:
             evict()
+            warmers.get(c.op + "|" + c.implementation, lambda: None)()
             t0 = time.perf_counter()
             c.fn()
             times[c.op + "|" + c.implementation].append(time.perf_counter() - t0)
@@ -205,15 +214,20 @@ def time_cases(cases: list[Case], reps: int, budget_s: float, evict=None) -> dic
 
 
 def run(shapes, ms, impls=None, reps: int = 7, budget_s: float = 20.0, threads: int | None = None,
-        bandwidth_bytes: int = 1 << 30, log=print, cold: bool = True, stream_shapes=()) -> dict:
+        bandwidth_bytes: int = 1 << 30, log=print, cold: bool = True, stream_shapes=(),
+        warm_code: bool = True) -> dict:
     """Every (N, K) in ``shapes`` at every M in ``ms``, then every (N, K) in
-    ``stream_shapes`` at M = 1 only (when 1 is in ``ms``)."""
+    ``stream_shapes`` at M = 1 only (when 1 is in ``ms``). ``cold``: evict the caches
+    before every timed call; ``warm_code``: then run each case once on WARM_CODE_ROWS
+    rows of other weights, so only the weights are cold (False: code and data alike)."""
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(0)
     bw_before = read_bandwidth(bandwidth_bytes)
     evict_size = evict_bytes(last_level_cache_bytes())
-    log(f"# {f'cold caches: a {evict_size >> 20} MiB read before every timed call' if cold else 'warm caches'}")
+    warm_code = cold and warm_code
+    log(f"# {f'cold caches: a {evict_size >> 20} MiB read before every timed call' if cold else 'warm caches'}"
+        f"{f', then the same call on {WARM_CODE_ROWS} rows of other weights (weights cold, code warm)' if warm_code else ''}")
     log(f"# threads={torch.get_num_threads()} isa={ops.cpu_isa() if ops.native_available('cpu') else 'none'} "
         f"DRAM read bandwidth (stream_read_sum over {bandwidth_bytes >> 20} MiB"
         f"{' in 2 MiB pages, as the weights' if bw_before['huge_pages'] else ''}): "
@@ -230,7 +244,9 @@ def run(shapes, ms, impls=None, reps: int = 7, budget_s: float = 20.0, threads: 
     configs = [(n, k, m) for n, k in shapes for m in ms] + [(n, k, 1) for n, k in stream_shapes if 1 in ms]
     for n, k, m in configs:
         cases = build_cases(m, n, k, impls)
-        med = time_cases(cases, reps, budget_s, evict)
+        warmers = ({c.op + "|" + c.implementation: c.fn for c in build_cases(m, min(n, WARM_CODE_ROWS), k, impls)}
+                   if warm_code else None)
+        med = time_cases(cases, reps, budget_s, evict, warmers)
         recs = []
         for c in cases:
             t = med[c.op + "|" + c.implementation]
@@ -241,7 +257,7 @@ def run(shapes, ms, impls=None, reps: int = 7, budget_s: float = 20.0, threads: 
             log(f"{r.op:<13} {r.implementation:<32} {m:>4} {n:>6} {k:>6} {r.median_s * 1e3:>10.3f} "
                 f"{r.gbps:>7.1f} {r.gflops:>8.1f}  {_ratios(r, by_impl)}")
         records += recs
-        del cases
+        del cases, warmers
     bw_after = read_bandwidth(bandwidth_bytes)
     log(f"# DRAM read bandwidth after the sweep: median {bw_after['median_gbps']:.1f} GB/s, "
         f"best {bw_after['best_gbps']:.1f} GB/s")
@@ -351,7 +367,7 @@ def main(args) -> int:
     if args.isa:
         ops.set_cpu_isa(args.isa)
     result = run(shapes, ms, impls, reps=args.reps, budget_s=args.budget, threads=args.threads,
-                 bandwidth_bytes=int(args.bandwidth_mib) << 20, cold=not args.warm,
+                 bandwidth_bytes=int(args.bandwidth_mib) << 20, cold=not args.warm, warm_code=not args.cold_code,
                  stream_shapes=[] if args.shapes else STREAM_SHAPES)
     if args.json:
         atomic_write_text(args.json, json.dumps(result, indent=1))
@@ -372,4 +388,7 @@ def add_arguments(p) -> None:
     p.add_argument("--bandwidth-mib", type=int, default=1024, help="bandwidth probe buffer size")
     p.add_argument("--warm", action="store_true",
                    help="keep caches warm between calls (default: flush them, so M=1 streams weights from DRAM)")
+    p.add_argument("--cold-code", action="store_true",
+                   help="after the flush, time the call with its code cold too (default: a 256-row call of the "
+                        "same op on other weights runs first, so only the weights come from DRAM, as in decode)")
     p.add_argument("--json", help="write the records to this file")
