@@ -29,9 +29,9 @@ def test_task_files_are_well_formed():
 
 
 def test_tasks_load_offline_through_lm_eval():
-    from lm_eval.tasks import TaskManager, get_task_dict
+    from lm_eval.tasks import TaskManager
     tm = TaskManager(include_path=str(task_dir()), include_defaults=False)
-    tasks = get_task_dict(list(TASKS), tm)
+    tasks = tm.load(list(TASKS))["tasks"]
     cloze = tasks["pydoc_cloze"]
     doc = cloze.test_docs()[0]
     assert cloze.doc_to_choice(doc)[cloze.doc_to_target(doc)] == doc["choices"][doc["label"]]
