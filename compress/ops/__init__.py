@@ -130,12 +130,6 @@ def w4a16_amx_available() -> bool:
     return bool(_cpu_module().w4a16_amx_available())
 
 
-def w4a16_gfni_available() -> bool:
-    """Whether the avx512_vnni level's W4A16 tiles unpack the int4 nibbles with GFNI here
-    (a CPU with GFNI; the same results as without)."""
-    return bool(_cpu_module().w4a16_gfni_available())
-
-
 class force_cpu_isa:
     """Context manager: ``with force_cpu_isa("scalar"): ...``; restores 'auto' after."""
 

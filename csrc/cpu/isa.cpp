@@ -107,15 +107,6 @@ bool amx_bf16_available() {  // its users also convert with AVX512_BF16
   return ok;
 }
 
-bool gfni_available() {
-#if defined(COMPRESS_ISA_EMULATION)  // SIMDe build: not emulated
-  return false;
-#else
-  static const bool ok = detected_isa() == Isa::Avx512Vnni && __builtin_cpu_supports("gfni");
-  return ok;
-#endif
-}
-
 const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::Avx512Vnni: return "avx512_vnni";

@@ -38,9 +38,6 @@ const char* isa_name(Isa isa);
 // granted this process the tile data (asked once). Callers also check active_isa().
 bool amx_int8_available();
 bool amx_bf16_available();
-// GFNI on top of the avx512_vnni level (the W4A16 tiles' nibble unpack); callers also
-// check active_isa().
-bool gfni_available();
 
 inline ScaleType scale_type_of(const at::Tensor& t) {
   switch (t.scalar_type()) {

@@ -3,8 +3,8 @@
 // the run-time ISA query / override used by compress.ops (cpu_isa, set_cpu_isa), the
 // W8A8 int16 GEMM's and AMX tiles' row thresholds (set_w8a8_int16_min_rows,
 // w8a8_int16_min_rows, set_w8a8_amx_min_rows, w8a8_amx_min_rows, w8a8_amx_available), the
-// W4A16 AMX tiles' (set_w4a16_amx_min_rows, w4a16_amx_min_rows, w4a16_amx_available),
-// whether the W4A16 tiles unpack with GFNI (w4a16_gfni_available), the compute-peak probe and the DecodePlan class (decode_plan.cpp).
+// W4A16 AMX tiles' (set_w4a16_amx_min_rows, w4a16_amx_min_rows, w4a16_amx_available), the
+// compute-peak probe and the DecodePlan class (decode_plan.cpp).
 #include <Python.h>
 
 #include "cpu/kernel_common.h"
@@ -88,8 +88,6 @@ static PyMethodDef compress_c_methods[] = {
      "Fewest rows for which W4A16 takes the AMX-BF16 tiles (set_w4a16_amx_min_rows)."},
     {"w4a16_amx_available", py_available<compress_cpu::amx_bf16_available>, METH_NOARGS,
      "Whether this CPU and OS let the W4A16 ops use AMX-BF16 tiles."},
-    {"w4a16_gfni_available", py_available<compress_cpu::gfni_available>, METH_NOARGS,
-     "Whether the avx512_vnni level's W4A16 tiles unpack nibbles with GFNI on this CPU (the same results)."},
     {"compute_peak", py_compute_peak, METH_VARARGS,
      "compute_peak(recipe, iters): runs a register-only GEMM-step loop (fp32_fma, int8_avx2, int16_avx2, "
      "int8_vnni) "

@@ -74,28 +74,6 @@ void w4_avx512vnni(const W4Args& a, int64_t m0, int64_t m1, int64_t n0, int64_t 
 }
 #pragma GCC pop_options
 
-// ---- the same tiles with GFNI's one-instruction high-nibble unpack, where the CPU has
-// it (gfni_available). The same bytes, so the same results bit for bit. Kernel lab (the
-// Xeon, same process, 2 x 31 alternating cold-weight rounds, 7 shapes, M = 1): 0.98-1.09x,
-// faster in 12 of 14 (median about +1.5%). Not in the SIMDe build (no GFNI emulated).
-#ifndef COMPRESS_ISA_EMULATION
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni")
-namespace vnni_gfni {
-#define W4_VNNI 1
-#define W4_GFNI 1
-#include "cpu/w4a16_tile.inc"
-#undef W4_GFNI
-#undef W4_VNNI
-}  // namespace vnni_gfni
-
-void w4_avx512vnni_gfni(const W4Args& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-  if (a.G == 32) vnni_gfni::w4_block_avx<true>(a, m0, m1, n0, n1);
-  else vnni_gfni::w4_block_avx<false>(a, m0, m1, n0, n1);
-}
-#pragma GCC pop_options
-#endif  // COMPRESS_ISA_EMULATION
-
 // ---- AMX-BF16 (on top of the AVX-512 VNNI level), many rows -------------------------
 // Not in the SIMDe build of scripts/check_vnni_emulated.sh (no AMX to emulate, and no
 // vcvtne2ps2bf16 in SIMDe); there amx_bf16_available() is false.
@@ -204,11 +182,7 @@ at::Tensor w4a16_run(const at::Tensor& x_in, const at::Tensor& qweight_in,
            xq, xs, xg, y.data_ptr<float>()};
   void (*kernel)(const W4Args&, int64_t, int64_t, int64_t, int64_t) = w4_scalar;
   switch (active_isa()) {
-#ifndef COMPRESS_ISA_EMULATION
-    case Isa::Avx512Vnni: kernel = gfni_available() ? w4_avx512vnni_gfni : w4_avx512vnni; break;
-#else
     case Isa::Avx512Vnni: kernel = w4_avx512vnni; break;
-#endif
     case Isa::Avx2: kernel = w4_avx2; break;
     default: break;
   }
