@@ -95,6 +95,27 @@ def test_w4a16_scale_dtypes_and_odd_group(isa, scale_dtype):
                                    rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.skipif(not ops.native_available("cpu") or "avx512_vnni" not in ops.cpu_isas_available(),
+                    reason="no AVX-512 VNNI on this CPU")
+@pytest.mark.parametrize("shape", [(1, 8, 64, 32), (1, 37, 512, 128), (3, 70, 4096, 128), (2, 9, 192, 64),
+                                   (17, 12, 256, 32), (1, 6, 96, 32)], ids=lambda s: "x".join(map(str, s)))
+def test_w4a16_vnni_tiles_equal_avx2_bit_for_bit(shape):
+    """On real AVX-512 VNNI hardware (the emulation harness checks the same under SIMDe)
+    the VNNI tiles give the AVX2 tiles' bytes, canonical and prepared, below the AMX row
+    threshold: vpdpbusd's int32 sums are vpmaddubsw + vpmaddwd's."""
+    m, n, k, group = shape
+    qweight, scales, zeros = make_int4(n, k, group)
+    prepared = reference.w4a16_prepare_cpu(qweight, scales, zeros)
+    x = torch.randn(m, k)
+    outs = {}
+    for name in ("avx512_vnni", "avx2"):
+        with ops.force_cpu_isa(name):
+            outs[name] = (torch.ops.compress.w4a16_gemm_prepared(x, *prepared, group),
+                          torch.ops.compress.w4a16_gemm(x, qweight, scales, zeros, group))
+    for vnni, avx2 in zip(outs["avx512_vnni"], outs["avx2"]):
+        assert torch.equal(vnni, avx2)
+
+
 @pytest.mark.parametrize("m,n,k,group", [(9, 37, 320, 64), (1, 13, 96, 32), (4, 8, 1024, 128)])
 def test_w4a16_isas_agree(m, n, k, group):
     """The scalar and the AVX2 activation quantizers give the same bytes, so the ISAs
