@@ -55,6 +55,11 @@ class Case:
     fn: Callable[[], torch.Tensor]
     weight_bytes: int
 
+    @property
+    def key(self) -> str:
+        """``op|implementation``: what time_cases' medians and warmers are keyed by."""
+        return f"{self.op}|{self.implementation}"
+
 
 def _int4_weights(n: int, k: int, group: int):
     g = torch.Generator().manual_seed(0)
@@ -199,15 +204,16 @@ def time_cases(cases: list[Case], reps: int, budget_s: float, evict=None,
     warmers = warmers or {}
     for c in cases:  # warm-up (and first-touch)
         c.fn()
-    times: dict[str, list[float]] = {c.op + "|" + c.implementation: [] for c in cases}
+    times: dict[str, list[float]] = {c.key: [] for c in cases}
     t_start = time.perf_counter()
     for r in range(reps):
         for c in cases:
             evict()
-            warmers.get(c.op + "|" + c.implementation, lambda: None)()
+            if c.key in warmers:
+                warmers[c.key]()
             t0 = time.perf_counter()
             c.fn()
-            times[c.op + "|" + c.implementation].append(time.perf_counter() - t0)
+            times[c.key].append(time.perf_counter() - t0)
         if r >= 2 and time.perf_counter() - t_start > budget_s:
             break
     return {key: statistics.median(v) for key, v in times.items()}
@@ -224,7 +230,8 @@ def run(shapes, ms, impls=None, reps: int = 7, budget_s: float = 20.0, threads: 
         torch.set_num_threads(threads)
     torch.manual_seed(0)
     bw_before = read_bandwidth(bandwidth_bytes)
-    evict_size = evict_bytes(last_level_cache_bytes())
+    llc = last_level_cache_bytes()
+    evict_size = evict_bytes(llc)
     warm_code = cold and warm_code
     log(f"# {f'cold caches: a {evict_size >> 20} MiB read before every timed call' if cold else 'warm caches'}"
         f"{f', then the same call on {WARM_CODE_ROWS} rows of other weights (weights cold, code warm)' if warm_code else ''}")
@@ -244,12 +251,11 @@ def run(shapes, ms, impls=None, reps: int = 7, budget_s: float = 20.0, threads: 
     configs = [(n, k, m) for n, k in shapes for m in ms] + [(n, k, 1) for n, k in stream_shapes if 1 in ms]
     for n, k, m in configs:
         cases = build_cases(m, n, k, impls)
-        warmers = ({c.op + "|" + c.implementation: c.fn for c in build_cases(m, min(n, WARM_CODE_ROWS), k, impls)}
-                   if warm_code else None)
+        warmers = {c.key: c.fn for c in build_cases(m, min(n, WARM_CODE_ROWS), k, impls)} if warm_code else None
         med = time_cases(cases, reps, budget_s, evict, warmers)
         recs = []
         for c in cases:
-            t = med[c.op + "|" + c.implementation]
+            t = med[c.key]
             recs.append(Record(c.op, c.implementation, m, n, k, t, c.weight_bytes, c.weight_bytes / t / 1e9,
                                2 * m * n * k / t / 1e9))
         by_impl = {(r.op, r.implementation): r for r in recs}
@@ -262,7 +268,6 @@ def run(shapes, ms, impls=None, reps: int = 7, budget_s: float = 20.0, threads: 
     log(f"# DRAM read bandwidth after the sweep: median {bw_after['median_gbps']:.1f} GB/s, "
         f"best {bw_after['best_gbps']:.1f} GB/s")
     best = max(bw_before["best_gbps"], bw_after["best_gbps"])
-    llc = last_level_cache_bytes()
     m1 = [r for r in records if r.M == 1 and r.implementation.startswith("compress")]
     reads = {(r.N, r.K, r.implementation): r for r in records if r.M == 1 and r.op == "read"}
 
