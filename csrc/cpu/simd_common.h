@@ -64,6 +64,27 @@ inline float load_scale(const void* p, ScaleType t, int64_t i) {
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Eight rows of 8 int32 transposed: out[i] = {r0[i], ..., r7[i]} (the W8A8 int16
+// GEMM's panels and outlier panels); call only from code compiled for AVX2.
+COMPRESS_TARGET("avx2") inline void transpose8_epi32(__m256i (&r)[8]) {
+  __m256i t[8], s[8];
+  for (int j = 0; j < 4; ++j) {
+    t[2 * j] = _mm256_unpacklo_epi32(r[2 * j], r[2 * j + 1]);
+    t[2 * j + 1] = _mm256_unpackhi_epi32(r[2 * j], r[2 * j + 1]);
+  }
+  for (int h = 0; h < 2; ++h) {  // rows 4h .. 4h + 3
+    const __m256i* u = t + 4 * h;
+    s[4 * h + 0] = _mm256_unpacklo_epi64(u[0], u[2]);
+    s[4 * h + 1] = _mm256_unpackhi_epi64(u[0], u[2]);
+    s[4 * h + 2] = _mm256_unpacklo_epi64(u[1], u[3]);
+    s[4 * h + 3] = _mm256_unpackhi_epi64(u[1], u[3]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2x128_si256(s[i], s[4 + i], 0x20);
+    r[4 + i] = _mm256_permute2x128_si256(s[i], s[4 + i], 0x31);
+  }
+}
+
 // Sum of the 8 floats of an AVX register; call only from code compiled for AVX2.
 COMPRESS_TARGET("avx2") inline float hsum256_ps(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

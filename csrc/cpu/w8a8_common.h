@@ -107,14 +107,14 @@ inline float outlier_dot_scalar(const Args& a, int64_t m, int64_t n) {
   return s;
 }
 
-// The fused outliers at M > 1: y[m, n] += sum_c xo[m, c] * ow[n, c] for outputs
-// [n0, n1) of every row, after the tiles (which then run with C = 0). One pass over
-// those rows of the [N, C] outlier weights, read in their own dtype; the sum runs over c
+// The fused outliers at M > 1: y[m, n] += sum_c xo[m, c] * ow[n, c] for rows [m0, m1)
+// and outputs [n0, n1), after the tiles of that block (which run with C = 0). One pass
+// over those rows of the [N, C] outlier weights, read in their own dtype; the sum runs over c
 // in order from 0 and is then added to y (outlier_products_avx2 rounds the same way, with
 // FMAs).
-inline void outlier_products_scalar(const Args& a, int64_t n0, int64_t n1) {
+inline void outlier_products_scalar(const Args& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; ++n)
-    for (int64_t m = 0; m < a.M; ++m) {
+    for (int64_t m = m0; m < m1; ++m) {
       float s = 0.f;
       for (int64_t c = 0; c < a.C; ++c) s += a.xo[m * a.C + c] * load_scale(a.ow, a.owt, n * a.C + c);
       a.y[m * a.N + n] += s;

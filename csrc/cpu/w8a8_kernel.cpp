@@ -131,7 +131,10 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
   // dtype. It replaced a y.addmm_(xo, ow.float().t()): with cold caches that fp32 copy
   // of ow and MKL's dispatch cost ~0.2 ms a call, ~15% of an M = 4 call on 4096 x 4096.
   // With the AMX tiles the fused outliers go in their epilogue too, at any M: the
-  // separate pass re-read and re-wrote all of y, ~1.3x the W8A8 time at M = 256.
+  // separate pass re-read and re-wrote all of y, ~1.3x the W8A8 time at M = 256. On the
+  // register tiles that pass runs per work block, right after the block's tiles (its y
+  // still in cache, no second parallel region); the int16 GEMM's panels are grabbed
+  // from a counter, so its pass still follows all of them.
   const bool epilogue_outliers = C != 0 && (M == 1 || amx);
   at::Tensor y = out ? *out : at::empty({M, N}, x.options().dtype(at::kFloat));
   const int64_t N4 = tiled && K % kTileChunk == 0 ? N - N % kTileRows : 0;
@@ -144,6 +147,15 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
     case Isa::Avx2: kernel = block_avx2; break;
     default: break;
   }
+  // The M > 1 outlier products outside the AMX epilogue (see above), for a block of
+  // rows and outputs.
+  Args b = a;
+  b.C = C, b.ow = C ? ow.data_ptr() : nullptr, b.owt = C ? scale_type_of(ow) : ScaleType::F32;
+  auto outlier_products = [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    if (active_isa() == Isa::Scalar) return outlier_products_scalar(b, m0, m1, n0, n1);
+    const Scratch panel(Scratch::kW8Panel, 16 * C * static_cast<int64_t>(sizeof(float)));
+    outlier_products_avx2(b, m0, m1, n0, n1, reinterpret_cast<float*>(panel.data()));
+  };
   if (amx) {
     int8_t* xb = reinterpret_cast<int8_t*>(work.data() + x16_offset);
     float* xot = reinterpret_cast<float*>(work.data() + xot_offset);
@@ -165,19 +177,13 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
       const Scratch mine(Scratch::kW8Panel, i16_thread_bytes(M));
       for (int64_t p0, p1; take(p0, p1);) block_i16_avx2(a, x16, p0 * kI16Cols, std::min(N, p1 * kI16Cols), mine.data());
     });
+    if (C)  // after all panels (each thread's panel workspace is free again)
+      at::parallel_for(0, ceil_div(N, 8), 16, [&](int64_t b0, int64_t b1) { outlier_products(0, M, b0 * 8, std::min(N, b1 * 8)); });
   } else {
     const int64_t nb = std::max<int64_t>(8, ((128 << 10) / std::max<int64_t>(1, K)) / 8 * 8);
-    parallel_tiles(M, N, 64, nb, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) { kernel(a, m0, m1, n0, n1); });
-  }
-  if (C && !epilogue_outliers) {
-    Args b = a;
-    b.C = C, b.ow = ow.data_ptr(), b.owt = scale_type_of(ow);
-    const bool simd = active_isa() >= Isa::Avx2;
-    at::parallel_for(0, ceil_div(N, 8), 16, [&](int64_t b0, int64_t b1) {
-      std::vector<float> panel(simd ? 8 * C : 0);
-      const int64_t n0 = b0 * 8, n1 = std::min(N, b1 * 8);
-      if (simd) outlier_products_avx2(b, n0, n1, panel.data());
-      else outlier_products_scalar(b, n0, n1);
+    parallel_tiles(M, N, 64, nb, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+      kernel(a, m0, m1, n0, n1);
+      if (C && !epilogue_outliers) outlier_products(m0, m1, n0, n1);
     });
   }
   return float_to_activation_dtype(y, x.scalar_type());

@@ -115,9 +115,9 @@ int cpk_emu_w8a8(int isa, const float* x, int64_t M, int64_t K, const int8_t* w,
   if (C && !epilogue_outliers) {
     w8::Args b = a;
     b.C = C, b.ow = ow, b.owt = static_cast<ScaleType>(owt);
-    std::vector<float> panel(8 * C);
-    if (isa == kIsaScalar) w8::outlier_products_scalar(b, 0, N);
-    else w8::outlier_products_avx2(b, 0, N, panel.data());
+    std::vector<float> panel(16 * C);
+    if (isa == kIsaScalar) w8::outlier_products_scalar(b, 0, M, 0, N);
+    else w8::outlier_products_avx2(b, 0, M, 0, N, panel.data());
   }
   return 0;
 }
