@@ -109,9 +109,6 @@ class Scratch {
   uint8_t* data_ = nullptr;
 };
 
-// Splits an [M, N] output into (m-block, n-block) work items for at::parallel_for
-// with the m-block index fastest, so one thread keeps one weight n-block hot in its
-// cache while it walks the M rows. `fn(m0, m1, n0, n1)`.
 // Items [0, n) handed out `grab` at a time from one shared counter to the intra-op
 // threads (as many as have work): `thread_body(take)` runs once per thread, and
 // take(begin, end) gives it its next grab, false when none is left. For work whose
@@ -129,6 +126,9 @@ inline void parallel_grabs(int64_t n, int64_t grab, const F& thread_body) {
                    [&](int64_t, int64_t) { thread_body(take); });
 }
 
+// Splits an [M, N] output into (m-block, n-block) work items for at::parallel_for
+// with the m-block index fastest, so one thread keeps one weight n-block hot in its
+// cache while it walks the M rows. `fn(m0, m1, n0, n1)`.
 template <typename F>
 inline void parallel_tiles(int64_t M, int64_t N, int64_t mb, int64_t nb, const F& fn) {
   const int64_t m_blocks = ceil_div(M, mb), n_blocks = ceil_div(N, nb);
