@@ -8,6 +8,7 @@ Face ``model_type``. No subclasses per model.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from compress.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
 }
 
 
-class UnsupportedArchitectureError(ValueError):
+class UnsupportedArchitectureError(UserError):
     pass
 
 

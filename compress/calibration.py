@@ -20,9 +20,10 @@ import torch
 from torch import nn
 
 from compress.architectures import ArchSpec
+from compress.errors import UserError
 
 
-class CalibrationError(ValueError):
+class CalibrationError(UserError):
     pass
 
 

@@ -8,10 +8,14 @@ from pathlib import Path
 
 
 def _cmd_run(args) -> int:
+    from compress.preflight import preflight
     from compress.recipe import load_recipe
 
     recipe = load_recipe(args.recipe)
+    notes = preflight(recipe)
     if args.dry_run:
+        for note in notes:
+            print(f"{args.recipe}: {note}")
         print(f"{args.recipe}: OK — {len(recipe.stages)} stage(s): "
               + ", ".join(f"{s.name} [{' -> '.join(st.method for st in s.steps)}]" for s in recipe.stages))
         return 0
@@ -149,11 +153,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return lm_eval_main(argv[1:]) or 0
     args = build_parser().parse_args(argv)
-    from compress.errors import USER_ERRORS
+    from compress.errors import UserError
 
     try:
         return args.func(args) or 0
-    except USER_ERRORS as exc:
+    except (UserError, FileNotFoundError) as exc:
         print(f"compress {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

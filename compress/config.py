@@ -10,9 +10,10 @@ import dataclasses
 import types
 import typing
 from typing import Any
+from compress.errors import UserError
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A recipe or config problem; the message names the file, the step and the key."""
 
     def __init__(self, message: str, where: str = ""):

@@ -1,20 +1,13 @@
-"""The exception types that mean "bad input" (shown as one clear line by the CLI,
-not a traceback). Each names what is wrong and where."""
+"""The one base class of "bad input" errors: the CLI shows any :class:`UserError` as one
+clear line naming what is wrong and where (file, stage, step, key, tensor), not a
+traceback. Every module's own error type (``ConfigError``, ``CheckpointError``, ...)
+derives from it; this module imports nothing of the package, so any module can."""
 from __future__ import annotations
 
-from compress.architectures import UnsupportedArchitectureError
-from compress.calibration import CalibrationError
-from compress.config import ConfigError
-from compress.io.checkpoint import CheckpointError
-from compress.io.export import ExportError
-from compress.model_loading import ModelLoadError
+
+class UserError(ValueError):
+    """Bad input from the user: a recipe, a checkpoint, a file, a value."""
 
 
-class StepError(ValueError):
+class StepError(UserError):
     """A recipe step failed on bad input (a layer, a shape, a value); names the step."""
-
-USER_ERRORS: tuple[type[BaseException], ...] = (
-    ConfigError, CalibrationError, ModelLoadError, UnsupportedArchitectureError, StepError,
-    CheckpointError, ExportError, FileNotFoundError,
-)
-

@@ -20,6 +20,9 @@ class Method:
     apply: Callable
     needs_calibration: bool
     description: str
+    # check_model(meta_model, config, where): raises ConfigError when the model's shapes
+    # cannot take this config (compress.preflight; the model is on the meta device)
+    check_model: Callable | None = None
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (

@@ -19,6 +19,7 @@ from compress.io.export import MANIFEST_NAME, SAFE_INDEX_NAME, SAFE_WEIGHTS_NAME
 from compress.io.formats import (FORMAT_NAME, SUPPORTED_FORMAT_VERSIONS, CheckpointFormatError,
                                  decode_quantized, group_tensor_names)
 from compress.io.schemes import QuantizedWeight
+from compress.errors import UserError
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -27,7 +28,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?
 _SUPPORTED_CT_FORMATS = {"pack-quantized", "int-quantized", "naive-quantized", "mixed-precision", "dense"}
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A checkpoint cannot be read; the message names what and where."""
 
 

@@ -57,13 +57,14 @@ from dataclasses import dataclass
 import torch
 
 from compress.io.schemes import QuantizedWeight
+from compress.errors import UserError
 
 FORMAT_NAME = "compress-checkpoint"
 FORMAT_VERSION = 1
 SUPPORTED_FORMAT_VERSIONS = (1,)
 
 
-class CheckpointFormatError(ValueError):
+class CheckpointFormatError(UserError):
     """A checkpoint's tensors do not form a valid layer of the scheme they claim."""
 
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 import math
 
 import torch
+from compress.errors import UserError
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
-class UnsupportedRopeError(ValueError):
+class UnsupportedRopeError(UserError):
     pass
 
 

@@ -1,0 +1,61 @@
+"""Checks of a recipe against its model's ``config.json`` without loading any weight
+(``compress run --dry-run``, and the start of every run): a shape a step cannot take,
+an evaluation setting the model's context cannot hold. Each problem is a
+:class:`compress.config.ConfigError` naming the file, the stage, the step and the key.
+
+The model is built on the ``meta`` device from its config: every module and shape is
+there, no memory is allocated and nothing is read but ``config.json``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from compress.config import ConfigError
+from compress.registry import get_method
+
+
+def model_config(recipe):
+    """The model's transformers config, or ``None`` when the model is a hub id that is
+    not on this machine (the checks then run at load time)."""
+    from transformers import AutoConfig
+
+    location = Path(recipe.model_location)
+    if not (location / "config.json").is_file():
+        return None
+    try:
+        return AutoConfig.from_pretrained(location, trust_remote_code=recipe.model.trust_remote_code)
+    except (ValueError, OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read the model's config: {exc}", f"{location / 'config.json'}") from None
+
+
+def meta_model(config) -> nn.Module:
+    """The model's module tree with every tensor on the ``meta`` device."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def context_length(config) -> int | None:
+    """How many positions the model can attend to (``max_position_embeddings``), if it says."""
+    n = getattr(config, "max_position_embeddings", None)
+    return int(n) if isinstance(n, int) and n > 0 else None
+
+
+def preflight(recipe) -> list[str]:
+    """Run every check the model's config allows; returns notes for the user (what was
+    and was not checked). Raises ConfigError at the first problem."""
+    config = model_config(recipe)
+    if config is None:
+        return [f"model {recipe.model.path!r} is not a local directory: shapes are checked when it loads"]
+    model = meta_model(config)
+    for stage in recipe.stages:
+        for step in stage.steps:
+            check = get_method(step.method).check_model
+            if check is not None:
+                check(model, step.config, step.where)
+    return [f"checked against {Path(recipe.model_location) / 'config.json'}"]
