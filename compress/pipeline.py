@@ -45,13 +45,16 @@ def _later_sources(recipe: Recipe, index: int) -> set[str]:
 
 def compress_stages(recipe: Recipe, output: Path, progress: bool = True, log=print) -> tuple[Path, list[StageResult]]:
     """Apply every stage and export it to ``output/<stage>``. Returns (base model dir, results)."""
-    from compress.io.export import export_checkpoint
+    from compress.io.export import export_checkpoint, tokenizer_files
 
     seed_everything(recipe.seed)
     model, tokenizer, arch, model_dir = load_model_for_compression(
         recipe.model_location, recipe.model.dtype, recipe.model.trust_remote_code)
     log(f"loaded {model_dir} ({arch.model_type}, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters)")
 
+    # the source's tokenizer files as they are (a sentencepiece tokenizer.model, the chat
+    # template), rather than what the loaded tokenizer object would write back
+    tokenizer_source = model_dir if tokenizer_files(Path(model_dir)) else tokenizer
     calib_cache: dict[str, torch.Tensor] = {}
 
     def calibration() -> torch.Tensor:
@@ -82,7 +85,7 @@ def compress_stages(recipe: Recipe, output: Path, progress: bool = True, log=pri
         out_dir = output / stage.name
         dense = {k: v for k, v in state.model.state_dict().items()
                  if k.removesuffix(".weight") not in state.quantized}
-        export_checkpoint(out_dir, state.model.config, dense, state.quantized, tokenizer=tokenizer,
+        export_checkpoint(out_dir, state.model.config, dense, state.quantized, tokenizer=tokenizer_source,
                           recipe_text=resolved, extra_manifest={"stage": stage.name, "source": stage.source},
                           dense_dtype=DTYPES[recipe.export.dense_dtype],
                           generation_config=getattr(state.model, "generation_config", None))

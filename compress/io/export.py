@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,8 @@ from safetensors.torch import save_file
 from compress.io.formats import (FORMAT_NAME, FORMAT_VERSION, CheckpointFormatError,
                                  build_quantization_config, encode_quantized)
 from compress.io.schemes import QuantizedWeight
+from compress.errors import UserError
+from compress.io.files import make_temp_dir, set_new_file_mode
 
 MANIFEST_NAME = "compress_manifest.json"
 RECIPE_NAME = "recipe.yaml"
@@ -36,10 +37,12 @@ SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_INDEX_NAME = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json")
+                   "vocab.json", "vocab.txt", "merges.txt", "added_tokens.json", "chat_template.jinja",
+                   "chat_template.json", "spiece.model", "sentencepiece.bpe.model")
+TOKENIZER_GLOBS = ("tokenizer*.model", "*.tiktoken", "chat_template*.jinja", "additional_chat_templates/*")
 
 
-class ExportError(RuntimeError):
+class ExportError(UserError, RuntimeError):
     pass
 
 
@@ -118,20 +121,32 @@ def _shard(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, t
     return shards
 
 
+def tokenizer_files(src: Path) -> list[Path]:
+    """Every tokenizer file in model directory ``src``: the names in TOKENIZER_FILES and
+    anything matching TOKENIZER_GLOBS (sentencepiece models, tiktoken files, chat templates)."""
+    found = {src / name for name in TOKENIZER_FILES if (src / name).is_file()}
+    for pattern in TOKENIZER_GLOBS:
+        found.update(p for p in src.glob(pattern) if p.is_file())
+    return sorted(found)
+
+
 def _save_tokenizer(tokenizer: Any, tmp: Path) -> None:
+    """``tokenizer``: a model directory whose tokenizer files are copied as they are (so a
+    ``tokenizer.model`` beside ``tokenizer.json`` and the chat template survive), or an
+    object with ``save_pretrained``."""
     if tokenizer is None:
         return
     if isinstance(tokenizer, (str, os.PathLike)):
         src = Path(tokenizer)
         if not src.is_dir():
             raise ExportError(f"tokenizer source {src} is not a directory")
-        copied = 0
-        for name in TOKENIZER_FILES:
-            if (src / name).is_file():
-                shutil.copyfile(src / name, tmp / name)
-                copied += 1
-        if not copied:
+        files = tokenizer_files(src)
+        if not files:
             raise ExportError(f"no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...) in {src}")
+        for f in files:
+            dest = tmp / f.relative_to(src)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, dest)
         return
     tokenizer.save_pretrained(str(tmp))
 
@@ -220,7 +235,7 @@ def export_checkpoint(out_dir: str | os.PathLike, model_config: Any,
 
     quant_config = build_quantization_config(quantized, _dense_linear_modules(state_dict_dense))
 
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    tmp = make_temp_dir(out_dir, "tmp")
     try:
         shards = _shard(tensors, max_shard_bytes)
         if len(shards) == 1:
@@ -246,6 +261,7 @@ def export_checkpoint(out_dir: str | os.PathLike, model_config: Any,
         files = {}
         for p in sorted(tmp.rglob("*")):
             if p.is_file():
+                set_new_file_mode(p)
                 _fsync_file(p)
                 files[p.relative_to(tmp).as_posix()] = {"sha256": sha256_file(p), "size": p.stat().st_size}
         manifest = {
@@ -270,7 +286,7 @@ def _replace_dir(tmp: Path, out_dir: Path) -> None:
     deleted only once the new one is in place (restored if the final rename fails)."""
     old = None
     if out_dir.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+        old = make_temp_dir(out_dir, "old")
         os.rmdir(old)
         os.rename(out_dir, old)
     try:

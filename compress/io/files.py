@@ -1,10 +1,42 @@
 """Writing files so that a crash never leaves one half written: write a temporary file
-beside the target, then rename it over the target (atomic on one filesystem)."""
+(or directory) beside the target, then rename it over the target (atomic on one
+filesystem). The temporary files of :mod:`tempfile` are private (0600 / 0700); what we
+rename into place gets the modes any other file the user writes would get (0644 / 0755
+under the usual umask), since checkpoints and reports are shared and served from other
+accounts and containers."""
 from __future__ import annotations
 
 import os
 import tempfile
 from pathlib import Path
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where /proc says it (Linux)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def set_new_file_mode(path: str | Path) -> None:
+    """Give file ``path`` the mode a new file gets under the umask (writers such as
+    safetensors' create theirs private)."""
+    os.chmod(path, 0o666 & ~current_umask())
+
+
+def make_temp_dir(target: str | Path, tag: str = "tmp") -> Path:
+    """An empty directory beside ``target`` (same filesystem, so it can be renamed onto
+    it), hidden by a leading dot; its mode already honours the umask."""
+    target = Path(target)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.{tag}-", dir=target.parent))
+    os.chmod(tmp, 0o777 & ~current_umask())
+    return tmp
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -14,6 +46,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        set_new_file_mode(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -68,3 +68,19 @@ def test_target_matching_nothing_is_a_config_error(tmp_path, tiny_llama_dir):
     recipe = load_recipe(recipe_file(tmp_path, tiny_llama_dir, stages))
     with pytest.raises(ConfigError, match=r"step 1 \(rtn\).targets: pattern '\*qproj' matches no linear"):
         compress_stages(recipe, tmp_path / "out", progress=False, log=lambda *_: None)
+
+
+def test_export_keeps_the_sources_tokenizer_files(tmp_path, tiny_llama_dir):
+    """A checkpoint shipping ``tokenizer.model`` (sentencepiece) and a chat template next to
+    ``tokenizer.json`` keeps both in every stage's export."""
+    import shutil
+
+    src = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, src)
+    (src / "tokenizer.model").write_bytes(b"\x0a\x05sentencepiece-proto" * 16)
+    (src / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    recipe = load_recipe(recipe_file(tmp_path, src, [{"name": "int8", "steps": [{"method": "rtn", "bits": 8}]}]))
+    compress_stages(recipe, tmp_path / "out", progress=False, log=lambda *_: None)
+    out = tmp_path / "out" / "int8"
+    for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "chat_template.jinja"):
+        assert (out / name).read_bytes() == (src / name).read_bytes(), name

@@ -111,3 +111,59 @@ def test_bad_export_inputs(tmp_path, tiny_llama):
     with pytest.raises(ExportError, match="both quantized and present as dense"):
         export_checkpoint(tmp_path / "y", cfg, dense, q)
     assert not (tmp_path / "y").exists()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_export_modes_follow_the_umask(tmp_path, tiny_llama, umask):
+    """Exports are shared and served from other accounts: the directory and its files get
+    the modes the umask gives any new file, not tempfile's private 0700 / 0600."""
+    import os
+    import stat
+
+    cfg, sd = tiny_llama
+    dense, q = split_model(sd, {m: int4_rtn for m in all_linears()[:2]})
+    old = os.umask(umask)
+    try:
+        out = export_checkpoint(tmp_path / "m", cfg, dense, q, tokenizer=_tokenizer_dir(tmp_path),
+                                recipe_text="steps: []\n")
+        again = export_checkpoint(tmp_path / "m", cfg, dense, q)   # replacing an export
+    finally:
+        os.umask(old)
+    assert again == out
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert files and {stat.S_IMODE(p.stat().st_mode) for p in files} == {0o666 & ~umask}
+
+
+def test_atomic_write_text_mode_follows_the_umask(tmp_path):
+    import os
+    import stat
+
+    from compress.io.files import atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "report.md", "# report\n")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "report.md").stat().st_mode) == 0o644
+
+
+def test_every_tokenizer_file_of_a_source_dir_is_copied(tmp_path, tiny_llama):
+    """A sentencepiece ``tokenizer.model`` beside ``tokenizer.json``, the chat template and
+    extra templates travel with the export byte for byte."""
+    cfg, sd = tiny_llama
+    dense, q = split_model(sd, {m: int4_rtn for m in all_linears()[:2]})
+    src = _tokenizer_dir(tmp_path)
+    (src / "tokenizer.model").write_bytes(bytes(range(256)) * 4)
+    (src / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    (src / "additional_chat_templates").mkdir()
+    (src / "additional_chat_templates" / "tool_use.jinja").write_text("{{ tools }}")
+    (src / "model.safetensors").write_bytes(b"not a tokenizer file")
+    out = export_checkpoint(tmp_path / "m", cfg, dense, q, tokenizer=src)
+    for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "chat_template.jinja",
+                 "additional_chat_templates/tool_use.jinja"):
+        assert (out / name).read_bytes() == (src / name).read_bytes(), name
+    man = json.loads((out / "compress_manifest.json").read_text())
+    assert "additional_chat_templates/tool_use.jinja" in man["files"]
+    assert load_checkpoint(out).config  # the manifest's checksums verify
