@@ -97,7 +97,8 @@ class BlockInputs:
     kwargs: dict                        # shared keyword args (position embeddings, mask, ...)
 
 
-def _block_output(out):
+def block_output(out):
+    """A decoder block's hidden states, whether it returns them alone or in a tuple."""
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
@@ -131,7 +132,7 @@ def capture_first_block_inputs(model: nn.Module, arch: ArchSpec, input_ids: torc
 
 def run_block(block: nn.Module, inputs: BlockInputs) -> list[torch.Tensor]:
     with torch.no_grad():
-        return [_block_output(block(h, **inputs.kwargs)) for h in inputs.hidden]
+        return [block_output(block(h, **inputs.kwargs)) for h in inputs.hidden]
 
 
 def _check_finite(tensors: list[torch.Tensor], where: str) -> None:

@@ -8,11 +8,9 @@ from pathlib import Path
 import torch
 
 from compress.architectures import ArchSpec, get_arch
+from compress.dtypes import DTYPES
 from compress.io.checkpoint import resolve_model_path
 from compress.errors import UserError
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 class ModelLoadError(UserError):
     pass

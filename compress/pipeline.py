@@ -19,7 +19,8 @@ import torch
 from compress.calibration import CalibrationError, load_calibration_ids
 from compress.config import ConfigError
 from compress.errors import StepError
-from compress.model_loading import DTYPES, load_model_for_compression
+from compress.dtypes import DTYPES
+from compress.model_loading import load_model_for_compression
 from compress.recipe import Recipe
 from compress.registry import get_method
 from compress.state import CompressionState, StepContext
@@ -36,7 +37,7 @@ class StageResult:
     path: str
     seconds: float
     quantized_layers: int
-    extra: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)   # the steps' StepContext.stats
 
 
 def _later_sources(recipe: Recipe, index: int) -> set[str]:
@@ -72,10 +73,12 @@ def compress_stages(recipe: Recipe, output: Path, progress: bool = True, log=pri
         src = states[stage.source]
         state = CompressionState(copy.deepcopy(src.model), src.arch, tokenizer, src.model_path,
                                  dict(src.quantized))
+        stats: dict = {}
         for step in stage.steps:
             log(f"[{stage.name}] {step.method}")
             seed_everything(recipe.seed)
-            ctx = StepContext(where=step.where, calibration=calibration, seed=recipe.seed, progress=progress)
+            ctx = StepContext(where=step.where, calibration=calibration, seed=recipe.seed, progress=progress,
+                              stats=stats)
             try:
                 get_method(step.method).apply(state, step.config, ctx)
             except (ConfigError, CalibrationError):
@@ -89,7 +92,8 @@ def compress_stages(recipe: Recipe, output: Path, progress: bool = True, log=pri
                           recipe_text=resolved, extra_manifest={"stage": stage.name, "source": stage.source},
                           dense_dtype=DTYPES[recipe.export.dense_dtype],
                           generation_config=getattr(state.model, "generation_config", None))
-        results.append(StageResult(stage.name, str(out_dir), time.perf_counter() - t0, len(state.quantized)))
+        results.append(StageResult(stage.name, str(out_dir), time.perf_counter() - t0, len(state.quantized),
+                                   stats))
         log(f"[{stage.name}] exported {len(state.quantized)} quantized layers to {out_dir} "
             f"in {results[-1].seconds:.1f}s")
         needed = _later_sources(recipe, i)

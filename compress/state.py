@@ -34,4 +34,4 @@ class StepContext:
     calibration: Callable[[], torch.Tensor]      # lazily loaded token ids [samples, seq_len]
     seed: int = 0
     progress: bool = True
-    extras: dict = field(default_factory=dict)   # e.g. a teacher model for distillation
+    stats: dict = field(default_factory=dict)    # what a step measured, by method (kept in the stage result)

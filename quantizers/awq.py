@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from compress.calibration import iterate_blocks
+from compress.calibration import block_output, iterate_blocks
 from compress.config import check
 from compress.io.schemes import QuantizedWeight
 from quantizers import primitives
@@ -68,10 +68,6 @@ class AWQConfig:
         check(self.clip_tokens > 0, "clip_tokens", f"must be > 0, got {self.clip_tokens}")
         check(self.search_tokens >= 0, "search_tokens", f"must be >= 0, got {self.search_tokens}")
         check(self.batch_size > 0, "batch_size", f"must be > 0, got {self.batch_size}")
-
-
-def _first(out):
-    return out[0] if isinstance(out, (tuple, list)) else out
 
 
 def _limit_batches(captured: list, tokens: int) -> list:
@@ -128,7 +124,7 @@ def _scale_block(block: nn.Module, inputs, arch, model_config, targeted: dict[st
         captured = capture_inputs(block, inputs, {inspect_name: inspect}, with_kwargs=True)[inspect_name]
         captured = _limit_batches(captured, config.search_tokens)
         with torch.no_grad():
-            targets = [_first(inspect(x, **kw)) for x, kw in captured]
+            targets = [block_output(inspect(x, **kw)) for x, kw in captured]
         s_x = activation_scale(torch.cat([x.reshape(-1, x.shape[-1]) for x, _ in captured]))
         expand = None
         if group.prev_kind == "linear" and prev.out_features != linears[0].in_features:
@@ -144,7 +140,7 @@ def _scale_block(block: nn.Module, inputs, arch, model_config, targeted: dict[st
             total, count = 0.0, 0
             with torch.no_grad(), _SwappedWeights(linears, ws):
                 for (x, kw), ref in zip(captured, targets):
-                    total += float((_first(inspect(x, **kw)) - ref).float().pow(2).sum())
+                    total += float((block_output(inspect(x, **kw)) - ref).float().pow(2).sum())
                     count += ref.numel()
             return total / count
 
@@ -202,4 +198,4 @@ def apply_awq(state, config: AWQConfig, ctx) -> None:
             qw = quantize_weight_awq(module.weight.data, clip_inputs.get(rel), config,
                                      f"{prefix}.{index}.{rel}", rel not in no_clip)
             state.record_quantized(f"{prefix}.{index}.{rel}", module, qw)
-    ctx.extras.setdefault("awq", {}).update(log)
+    ctx.stats.setdefault("awq", {}).update(log)

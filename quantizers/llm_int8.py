@@ -67,5 +67,5 @@ def apply_llm_int8(state, config: LLMInt8Config, ctx) -> None:
             state.record_quantized(f"{prefix}.{index}.{rel}", module, qw)
             stats["columns"] += module.in_features
             stats["outlier_columns"] += int(idx.numel())
-    ctx.extras.setdefault("llm_int8", {}).update(
+    ctx.stats.setdefault("llm_int8", {}).update(
         stats, outlier_fraction=stats["outlier_columns"] / max(1, stats["columns"]))

@@ -86,9 +86,3 @@ def fake_quantize_int4(weight: torch.Tensor, group_size: int = 128, symmetric: b
     u = _int4_codes(weight, scales, zeros, group_size)
     return ((u - zeros.to(torch.float32).unsqueeze(-1)) * scales.unsqueeze(-1)).reshape(weight.shape)
 
-
-def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
-    """Signal-to-quantization-noise ratio in dB."""
-    ref = reference.to(torch.float64)
-    noise = (ref - approx.to(torch.float64)).pow(2).sum()
-    return float(10 * torch.log10(ref.pow(2).sum() / noise.clamp_min(1e-30)))

@@ -187,19 +187,16 @@ def export_checkpoint(out_dir: str | os.PathLike, model_config: Any,
                       tokenizer: Any = None, recipe_text: str | None = None,
                       extra_manifest: dict | None = None, dense_dtype: torch.dtype | None = None,
                       generation_config: Any = None,
-                      max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-                      dtype: torch.dtype | None = None) -> Path:
+                      max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Path:
     """Write a checkpoint to ``out_dir`` atomically; returns its path.
 
     ``state_dict_dense``: every tensor that is not a quantized linear's weight (embeddings,
     norms, dense linears, biases of quantized linears, lm_head), cast to ``dense_dtype`` if
-    given (floating tensors only; ``dtype`` is an alias). ``quantized``: module path -> QuantizedWeight. ``tokenizer``:
+    given (floating tensors only). ``quantized``: module path -> QuantizedWeight. ``tokenizer``:
     an object with ``save_pretrained`` or a directory to copy tokenizer files from.
     ``generation_config``: a GenerationConfig, a dict, or None.
     """
-    if dtype is not None and dense_dtype is not None and dtype != dense_dtype:
-        raise ExportError(f"dtype={dtype} and dense_dtype={dense_dtype} disagree")
-    dtype = dense_dtype if dense_dtype is not None else dtype
+    dtype = dense_dtype
     out_dir = Path(out_dir).absolute()
     quantized = dict(quantized or {})
     _check_inputs(state_dict_dense, quantized)

@@ -17,23 +17,13 @@ import torch
 from compress.ops import BACKENDS
 from compress.runtime import scoring
 from compress.runtime.loading import open_checkpoint
+from compress.dtypes import resolve_dtype
 from compress.runtime.model_runner import ModelRunner
 from compress.runtime.models.llama import build_model
 from compress.runtime.sampling import BatchSampler, SamplingParams
 from compress.runtime.scheduler import RequestOutput, Scheduler, Sequence
 from compress.runtime.scoring import Loglikelihood
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-
-
-
-def _resolve_dtype(dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
-    return DTYPES[dtype]
 
 
 class LLM:
@@ -76,11 +66,11 @@ class LLM:
             torch.set_num_threads(int(threads))
         self.config = ckpt.config
         self.manifest = getattr(ckpt, "manifest", None)
-        self.dtype = _resolve_dtype(dtype)
+        self.dtype = resolve_dtype(dtype)
         self.device = torch.device(device)
         self.kernels = kernels
         self.model = build_model(ckpt, self.dtype, self.device, kernels, max_seq_len)
-        kv = self.dtype if kv_cache_dtype is None else _resolve_dtype(kv_cache_dtype)
+        kv = self.dtype if kv_cache_dtype is None else resolve_dtype(kv_cache_dtype)
         if kv not in (self.dtype, torch.float16):
             raise ValueError(f"kv_cache_dtype must be the model dtype ({self.dtype}) or float16, got {kv}")
         self.runner = ModelRunner(self.model, kv)

@@ -29,7 +29,7 @@ import torch
 
 import compress.ops as ops
 from compress.ops import reference
-from quantizers.primitives import sqnr_db
+from compress.accuracy import sqnr_db
 from native_harness import REPO, build_cached_library
 
 CPU_DIR = REPO / "csrc" / "cpu"

@@ -10,7 +10,7 @@ from compress.model_loading import load_model_for_compression
 from compress.runtime import LLM
 from compress.state import CompressionState, StepContext
 from quantizers.llm_int8 import LLMInt8Config, apply_llm_int8
-from quantizers.primitives import sqnr_db
+from compress.accuracy import sqnr_db
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import torch
 import compress.ops as ops
 from compress.ops import reference
 from int_weights import make_int4, make_int8
-from quantizers.primitives import sqnr_db
+from compress.accuracy import sqnr_db
 
 pytestmark = pytest.mark.skipif(not ops.native_available("cpu"), reason="compress._C not built")
 

@@ -12,7 +12,7 @@ import torch
 import compress.ops as ops
 from compress.ops import reference
 from int_weights import make_int4
-from quantizers.primitives import sqnr_db
+from compress.accuracy import sqnr_db
 
 native = ops.native_available("cpu")
 pytestmark = pytest.mark.skipif(not native, reason="compress._C not built")

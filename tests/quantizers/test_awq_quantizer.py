@@ -97,7 +97,7 @@ def test_awq_beats_rtn_on_tiny_model_with_outliers(family, tied):
     with torch.no_grad():
         e_awq, e_rtn = rel_err(awq.model(ids).logits, ref), rel_err(rtn.model(ids).logits, ref)
     assert e_awq < 0.7 * e_rtn, (e_awq, e_rtn)
-    assert set(ctx.extras["awq"]["alpha"])              # scales were searched
+    assert set(ctx.stats["awq"]["alpha"])              # scales were searched
     if tied:                                            # embeddings untouched, still tied
         assert awq.model.lm_head.weight is awq.model.model.embed_tokens.weight
         assert torch.equal(awq.model.model.embed_tokens.weight, model.model.embed_tokens.weight)

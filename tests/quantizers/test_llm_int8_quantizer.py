@@ -3,6 +3,7 @@ guard, and calibration on a tiny model with planted outlier features."""
 import pytest
 import torch
 
+from compress.accuracy import sqnr_db
 from compress.architectures import get_arch
 from compress.config import ConfigError, from_dict
 from compress.ops import reference as ref
@@ -40,8 +41,8 @@ def test_decomposition_close_to_float_while_w8a8_is_not():
     y_int8 = ref.w8a8_outlier_gemm(x, t["qweight"], t["weight_scale"], t["outlier_idx"], t["outlier_weight"])
     q8, s8 = primitives.quantize_int8_per_channel(w)
     y_w8a8 = ref.w8a8_gemm(x, q8, s8)
-    assert primitives.sqnr_db(y, y_int8) > 35
-    assert primitives.sqnr_db(y, y_w8a8) < primitives.sqnr_db(y, y_int8) - 10
+    assert sqnr_db(y, y_int8) > 35
+    assert sqnr_db(y, y_w8a8) < sqnr_db(y, y_int8) - 10
     # int8 part is the bitsandbytes CB/SCB pair: whole-row scales
     assert torch.equal(t["qweight"], q8) and torch.equal(t["weight_scale"], s8)
     # the state's dequantized weight holds the outlier columns exactly
@@ -58,7 +59,7 @@ def test_spike_outside_static_set_is_caught_by_guard():
     static = ref.w8a8_outlier_gemm(x_run, t["qweight"], t["weight_scale"], t["outlier_idx"], t["outlier_weight"])
     guarded = w8a8_outlier_gemm_guarded(x_run, t["qweight"], t["weight_scale"], t["outlier_idx"],
                                         t["outlier_weight"], 6.0)
-    assert primitives.sqnr_db(y, guarded) > primitives.sqnr_db(y, static) + 10
+    assert sqnr_db(y, guarded) > sqnr_db(y, static) + 10
     # without a spike the guard computes exactly the static op
     same = w8a8_outlier_gemm_guarded(x, t["qweight"], t["weight_scale"], t["outlier_idx"], t["outlier_weight"], 6.0)
     plain = ref.w8a8_outlier_gemm(x, t["qweight"], t["weight_scale"], t["outlier_idx"], t["outlier_weight"])
@@ -77,7 +78,7 @@ def test_calibration_finds_planted_features_in_tiny_model():
             qw = state.quantized[f"model.layers.{i}.{lin}"]
             assert qw.scheme == "llm_int8"
             assert set(PLANTED) <= set(qw.tensors["outlier_idx"].tolist())
-    stats = ctx.extras["llm_int8"]
+    stats = ctx.stats["llm_int8"]
     assert 0 < stats["outlier_fraction"] < 0.2
     # outlier columns stored in float16 by default, float32 on request
     assert qw.tensors["outlier_weight"].dtype == torch.float16

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from compress.accuracy import sqnr_db
 from compress.config import ConfigError, from_dict
 from compress.ops import reference as ref
 from quantizers import primitives
@@ -20,7 +21,7 @@ def test_int8_per_channel_roundtrip_and_sqnr():
     q, s = primitives.quantize_int8_per_channel(w)
     assert q.dtype == torch.int8 and s.shape == (64,)
     assert q.abs().max() <= 127
-    assert primitives.sqnr_db(w, primitives.dequantize_int8_per_channel(q, s)) > 38
+    assert sqnr_db(w, primitives.dequantize_int8_per_channel(q, s)) > 38
 
 
 @pytest.mark.parametrize("symmetric", [False, True])
@@ -31,7 +32,7 @@ def test_int4_groupwise_matches_fake_quant(group_size, symmetric):
     assert qw.shape == (48, 256 // 8) and scales.shape == zeros.shape == (48, 256 // group_size)
     deq = ref.dequantize_int4(qw, scales, zeros, group_size)
     assert torch.allclose(deq, primitives.fake_quantize_int4(w, group_size, symmetric), atol=1e-6)
-    assert primitives.sqnr_db(w, deq) > 17
+    assert sqnr_db(w, deq) > 17
     if symmetric:
         assert (zeros == 8).all()
 

@@ -7,7 +7,8 @@ import torch
 from compress.ops import native_available
 from compress.ops.reference import w8a8_outlier_gemm, w8a8_outlier_gemm_guarded
 from compress.runtime.layers import Int8OutlierLinear
-from quantizers.primitives import quantize_int8_per_channel, sqnr_db
+from compress.accuracy import sqnr_db
+from quantizers.primitives import quantize_int8_per_channel
 
 
 def make_layer(threshold, backend):

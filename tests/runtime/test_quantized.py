@@ -15,7 +15,7 @@ from compress.runtime.layers import DenseLinear, Int4Linear, Int8Linear, Int8Out
 from compress.runtime.loading import RuntimeCheckpoint
 from compress.runtime.models.llama import build_model
 
-from quantizers.primitives import sqnr_db
+from compress.accuracy import sqnr_db
 from runtime_models import hf_model, tiny_config
 
 GROUP = 32

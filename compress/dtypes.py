@@ -1,0 +1,16 @@
+"""The one table of float dtypes by name, as recipes, CLI flags and runtime arguments
+spell them. A leaf module: the runtime imports it without the compressor."""
+from __future__ import annotations
+
+import torch
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """``dtype`` as a torch dtype; a name outside :data:`DTYPES` is a ValueError naming them."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {list(DTYPES)}")
+    return DTYPES[dtype]
