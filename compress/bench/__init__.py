@@ -19,3 +19,10 @@ def add_bench_parser(subparsers) -> None:
     pm = sub.add_parser("model", help="prefill / decode tokens/s of a checkpoint vs llama.cpp and transformers")
     model.add_arguments(pm)
     pm.set_defaults(func=model.main, handler=model.main)
+
+    from compress.bench import llamacpp
+
+    pl = sub.add_parser("llamacpp", help="build llama.cpp's llama-bench / llama-batched-bench / llama-quantize "
+                                         "for this CPU (the baseline of `bench model`)")
+    llamacpp.add_arguments(pl)
+    pl.set_defaults(func=llamacpp.main, handler=llamacpp.main)

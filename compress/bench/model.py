@@ -1,8 +1,11 @@
 """``compress bench model PATH``: prefill and decode tokens/s of a checkpoint on the
-compress runtime, at batch 1 and 16, beside llama.cpp (Q4_0 / Q8_0 / F16 GGUF made from
-the dense HF source with llama.cpp's own converter and quantizer) and transformers
+compress runtime, at batch 1 and 16, beside llama.cpp at its best -- its own native
+``llama-bench`` / ``llama-batched-bench`` built for this CPU (``compress bench
+llamacpp``) on Q4_0 / Q8_0 / F16 GGUFs made from the dense HF source with its converter
+and ``llama-quantize`` (:mod:`compress.bench.llamacpp_bench`) -- and transformers
 ``generate()``, with the bandwidth limit (DRAM read GB/s / weight bytes per token).
-Engines alternate round by round (medians over ``--reps`` rounds)."""
+Engines alternate round by round (medians over ``--reps`` rounds), all on the same
+threads; the output and the JSON name the CPU (model and ISA flags)."""
 from __future__ import annotations
 
 import json
@@ -14,6 +17,7 @@ from pathlib import Path
 import torch
 
 from compress.bench.bandwidth import read_bandwidth
+from compress.bench.cpu_info import cpu_line, describe_cpu
 from compress.io.files import atomic_write_text
 
 
@@ -95,76 +99,14 @@ def transformers_runner(model, batch: int, prompt_len: int, new_tokens: int):
     return one_round
 
 
-# ---------------------------------------------------------------- llama.cpp
-def llamacpp_gguf(hf_dir: str, qtype: str, cache_dir: Path, converter: str | None) -> Path:
-    """HF dir -> F16 GGUF (llama.cpp's convert_hf_to_gguf.py) -> Q4_0 / Q8_0 (llama.cpp's
-    quantizer through llama-cpp-python's binding). Cached in ``cache_dir``."""
-    import subprocess
-    import sys
-
-    import llama_cpp
-
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    f16 = cache_dir / "model-f16.gguf"
-    if not f16.exists():
-        if converter is None:
-            raise RuntimeError("llama.cpp engine needs --llamacpp-converter PATH/convert_hf_to_gguf.py "
-                               "(from the llama-cpp-python source distribution; see scripts/bench_llamacpp.py)")
-        conv = Path(converter)
-        env = dict(__import__("os").environ)
-        gguf_py = conv.parent / "gguf-py"
-        if gguf_py.exists():
-            env["PYTHONPATH"] = str(gguf_py) + ":" + env.get("PYTHONPATH", "")
-        tmp = f16.with_suffix(".tmp")  # the cache must never hold a half-written file
-        subprocess.run([sys.executable, str(conv), hf_dir, "--outtype", "f16", "--outfile", str(tmp)],
-                       check=True, env=env)
-        tmp.replace(f16)
-    if qtype == "f16":
-        return f16
-    out = cache_dir / f"model-{qtype}.gguf"
-    if not out.exists():
-        ftype = {"q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0}[qtype]
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = ftype
-        tmp = out.with_suffix(".tmp")
-        rc = llama_cpp.llama_model_quantize(str(f16).encode(), str(tmp).encode(), params)
-        if rc != 0:
-            tmp.unlink(missing_ok=True)
-            raise RuntimeError(f"llama_model_quantize failed ({rc})")
-        tmp.replace(out)
-    return out
-
-
-def llamacpp_runner(gguf: Path, prompt_len: int, new_tokens: int, threads: int, vocab: int):
-    """Batch 1 only: llama-cpp-python's Llama drives one sequence."""
-    import llama_cpp
-
-    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=prompt_len + new_tokens + 8, n_threads=threads,
-                          n_threads_batch=threads, n_batch=max(prompt_len, 32), verbose=False)
-    prompt = _prompts(1, prompt_len, vocab)[0]
-
-    def one_round():
-        llm.reset()
-        t0 = time.perf_counter()
-        llm.eval(prompt)
-        t1 = time.perf_counter()
-        tok = prompt[-1]
-        for _ in range(new_tokens):
-            llm.eval([tok])
-            tok = (tok * 31 + 7) % (vocab - 3) + 3  # token values do not change the work
-        t2 = time.perf_counter()
-        return prompt_len / (t1 - t0), new_tokens / (t2 - t1)
-
-    one_round()  # warm-up
-    return one_round
-
-
 # ---------------------------------------------------------------- command
 def run(args, log=print) -> dict:
     threads = args.threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     bw = read_bandwidth(int(args.bandwidth_mib) << 20)
     gbps = bw["best_gbps"]
+    cpu = describe_cpu()
+    log(f"# {cpu_line(cpu)}")
     log(f"# threads={threads} DRAM read bandwidth: best {gbps:.1f} GB/s (median {bw['median_gbps']:.1f})")
     runners = []   # (engine, scheme, batch, weight bytes per token, one_round, kv cache type)
     engines = set(args.engines)
@@ -193,16 +135,9 @@ def run(args, log=print) -> dict:
                 runners.append(("transformers", dt, b, _streamed_bytes(model),
                                 transformers_runner(model, b, args.prompt_len, args.new_tokens),
                                 {"float32": "f32", "bfloat16": "bf16"}[dt]))
+    llamacpp_info = None
     if hf and "llamacpp" in engines:
-        cfg = json.loads((Path(hf) / "config.json").read_text())
-        cache = Path(args.gguf_dir or (Path(hf).parent / "gguf"))
-        for qt in args.gguf_types:
-            gguf = llamacpp_gguf(hf, qt, cache, args.llamacpp_converter)
-            nbytes = gguf.stat().st_size - cfg["vocab_size"] * cfg["hidden_size"] * {"f16": 2, "q8_0": 34 / 32,
-                                                                                        "q4_0": 18 / 32}[qt]
-            runners.append(("llama.cpp", qt, 1, int(nbytes),
-                            llamacpp_runner(gguf, args.prompt_len, args.new_tokens, threads, cfg["vocab_size"]),
-                            "f16"))
+        llamacpp_info = _add_llamacpp_runners(runners, args, hf, threads, log)
     rounds: list[list[tuple[float, float]]] = [[] for _ in runners]
     for r in range(args.reps):
         log(f"# round {r + 1}/{args.reps}: every engine in turn")
@@ -216,25 +151,79 @@ def run(args, log=print) -> dict:
         records.append(rec)
         log(f"{engine:<13} {scheme:<14} kv {kv:<4} batch {batch:>3}  prefill {rec.prefill_tok_s:8.1f} tok/s  "
             f"decode {rec.decode_tok_s:7.1f} tok/s  (limit {limit:7.1f} tok/s, {nbytes / 1e6:6.1f} MB/token)")
-    for line in decode_ratios(records):
+    comparison = compare(records)
+    for line in comparison_lines(comparison):
         log(line)
-    return {"bandwidth": bw, "records": [asdict(r) for r in records]}
+    return {"cpu": cpu, "threads": threads, "bandwidth": bw, "llamacpp": llamacpp_info,
+            "records": [asdict(r) for r in records], "comparison": comparison}
 
 
-def decode_ratios(records: list[ModelRecord]) -> list[str]:
-    """Decode tok/s of each compress run over the other engines' at the same batch
-    (llama.cpp: the GGUF type of the same bit width: int4 -> q4_0, int8 -> q8_0)."""
-    lines = []
+def _add_llamacpp_runners(runners: list, args, hf: str, threads: int, log) -> dict:
+    """llama.cpp's native tools (``compress bench llamacpp`` builds them) on GGUFs made
+    from ``hf``: one runner per GGUF type and batch. Returns what the JSON records of
+    the build (version, cmake arguments, the GGUF folder)."""
+    from compress.bench import llamacpp_bench
+    from compress.bench.llamacpp import default_dir, load_tools
+
+    tools = load_tools(args.llamacpp_dir)
+    cache = Path(args.gguf_dir) if args.gguf_dir else (
+        Path(args.llamacpp_dir or default_dir()) / "gguf" / llamacpp_bench.source_key(hf))
+    for qt in args.gguf_types:
+        gguf = llamacpp_bench.make_gguf(tools, hf, qt, cache, threads)
+        nbytes = llamacpp_bench.gguf_streamed_bytes(tools, gguf)
+        log(f"# llama.cpp {qt}: {gguf}")
+        for b in args.batch:
+            runners.append(("llama.cpp", qt, b, nbytes,
+                            llamacpp_bench.llamacpp_runner(tools, gguf, b, args.prompt_len, args.new_tokens, threads),
+                            "f16"))
+    return {"llama_cpp_python": tools.version, "cmake_args": tools.cmake_args, "gguf_dir": str(cache),
+            "tools": tools.tools}
+
+
+def _peer_gguf(scheme: str) -> str | None:
+    """The llama.cpp GGUF type of the same bit width as a compress scheme."""
+    if "w4a16" in scheme:
+        return "q4_0"
+    if "w8a8" in scheme or "llm_int8" in scheme:
+        return "q8_0"
+    return None
+
+
+def compare(records: list[ModelRecord]) -> list[dict]:
+    """Each compress record over every baseline record at the same batch (llama.cpp: the
+    GGUF type of the same bit width, int4 -> q4_0, int8 -> q8_0; transformers: every
+    dtype): decode and prefill ratios, and each side's decode as a share of its
+    bandwidth limit."""
+    out = []
     for r in records:
         if r.engine != "compress":
             continue
-        peer = "q4_0" if "w4a16" in r.scheme else "q8_0" if "w8a8" in r.scheme or "llm_int8" in r.scheme else None
-        others = [o for o in records if o.batch == r.batch and (
-            (o.engine == "llama.cpp" and o.scheme == peer) or o.engine == "transformers")]
-        if others:
-            parts = ", ".join(f"{r.decode_tok_s / o.decode_tok_s:.2f}x {o.engine} {o.scheme}" for o in others)
-            kv = f" (kv {r.kv_cache})" if r.kv_cache else ""
-            lines.append(f"# decode, batch {r.batch}: compress {r.scheme}{kv} = {parts}")
+        for o in records:
+            if o.batch != r.batch or not ((o.engine == "llama.cpp" and o.scheme == _peer_gguf(r.scheme))
+                                          or o.engine == "transformers"):
+                continue
+            out.append({"scheme": r.scheme, "kv_cache": r.kv_cache, "batch": r.batch,
+                        "baseline": f"{o.engine} {o.scheme}",
+                        "decode_ratio": r.decode_tok_s / o.decode_tok_s,
+                        "prefill_ratio": r.prefill_tok_s / o.prefill_tok_s,
+                        "decode_of_limit": r.decode_tok_s / r.bandwidth_limit_tok_s,
+                        "baseline_decode_of_limit": o.decode_tok_s / o.bandwidth_limit_tok_s})
+    return out
+
+
+def comparison_lines(comparison: list[dict]) -> list[str]:
+    """The comparison as a table: ours / baseline at the same batch and threads, and at
+    batch 1 the decode speeds as shares of their bandwidth limits."""
+    if not comparison:
+        return []
+    lines = ["# ours / baseline (same batch, same threads)        batch   decode  prefill"]
+    for c in comparison:
+        name = f"compress {c['scheme']}" + (f" (kv {c['kv_cache']})" if c["kv_cache"] else "")
+        line = f"# {name + ' / ' + c['baseline']:<48} {c['batch']:>5}  {c['decode_ratio']:6.2f}x  {c['prefill_ratio']:6.2f}x"
+        if c["batch"] == 1:
+            line += (f"   decode at {c['decode_of_limit']:.0%} of the bandwidth limit "
+                     f"({c['baseline_decode_of_limit']:.0%} for {c['baseline']})")
+        lines.append(line)
     return lines
 
 
@@ -261,8 +250,10 @@ def add_arguments(p) -> None:
                         "(what llama.cpp keeps)")
     p.add_argument("--hf-dtypes", nargs="*", default=["float32", "bfloat16"])
     p.add_argument("--gguf-types", nargs="*", default=["q4_0", "q8_0"], choices=["q4_0", "q8_0", "f16"])
-    p.add_argument("--gguf-dir", help="where converted GGUF files are cached (default: next to --hf)")
-    p.add_argument("--llamacpp-converter", help="llama.cpp's convert_hf_to_gguf.py")
+    p.add_argument("--llamacpp-dir", help="where `compress bench llamacpp` built llama.cpp's tools "
+                                         "(default: ~/.cache/compress/llamacpp)")
+    p.add_argument("--gguf-dir", help="where converted GGUF files are cached (default: gguf/<source> under "
+                                      "the llama.cpp tools' directory)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--bandwidth-mib", type=int, default=1024)
     p.add_argument("--json", help="write the records to this file")

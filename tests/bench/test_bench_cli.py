@@ -38,19 +38,54 @@ def test_kernels_bench_tiny_sweep(tmp_path):
     assert {r["M"] for r in data["records"]} == {1, 3}
 
 
-def test_decode_ratios_pair_engines_by_bit_width_and_batch():
-    from compress.bench.model import ModelRecord, decode_ratios
+def _rec(engine, scheme, batch, prefill, decode, limit=1000.0, kv=""):
+    from compress.bench.model import ModelRecord
 
-    def rec(engine, scheme, batch, decode):
-        return ModelRecord(engine, scheme, batch, 2, 64, 64, 1.0, decode, 1, 1.0)
+    return ModelRecord(engine, scheme, batch, 2, 64, 64, prefill, decode, 1, limit, kv)
 
-    lines = decode_ratios([rec("compress", "w4a16+w8a8", 1, 50.0), rec("compress", "w8a8", 1, 30.0),
-                           rec("compress", "w8a8", 16, 120.0), rec("llama.cpp", "q4_0", 1, 100.0),
-                           rec("llama.cpp", "q8_0", 1, 60.0), rec("transformers", "float32", 1, 10.0)])
-    assert lines == [
-        "# decode, batch 1: compress w4a16+w8a8 = 0.50x llama.cpp q4_0, 5.00x transformers float32",
-        "# decode, batch 1: compress w8a8 = 0.50x llama.cpp q8_0, 3.00x transformers float32",
-    ]
+
+def test_comparison_pairs_engines_by_bit_width_and_batch_with_prefill():
+    """ours / llama.cpp (same bit width) and / transformers at the same batch, for decode
+    and prefill; the batch-1 rows put both decodes beside their bandwidth limits."""
+    from compress.bench.model import compare, comparison_lines
+
+    recs = [_rec("compress", "w4a16+w8a8", 1, 90.0, 50.0, 200.0, "f16"), _rec("compress", "w8a8", 16, 500.0, 120.0),
+            _rec("llama.cpp", "q4_0", 1, 100.0, 100.0, 250.0, "f16"), _rec("llama.cpp", "q8_0", 1, 80.0, 60.0),
+            _rec("llama.cpp", "q8_0", 16, 400.0, 150.0), _rec("transformers", "float32", 1, 30.0, 10.0)]
+    comp = compare(recs)
+    assert [(c["scheme"], c["batch"], c["baseline"]) for c in comp] == [
+        ("w4a16+w8a8", 1, "llama.cpp q4_0"), ("w4a16+w8a8", 1, "transformers float32"),
+        ("w8a8", 16, "llama.cpp q8_0")]
+    assert comp[0]["decode_ratio"] == 0.5 and comp[0]["prefill_ratio"] == 0.9
+    assert comp[0]["decode_of_limit"] == 0.25 and comp[0]["baseline_decode_of_limit"] == 0.4
+    assert comp[2]["decode_ratio"] == 0.8 and comp[2]["prefill_ratio"] == 1.25
+    lines = comparison_lines(comp)
+    assert lines[0].split()[-3:] == ["batch", "decode", "prefill"]
+    assert lines[1].startswith("# compress w4a16+w8a8 (kv f16) / llama.cpp q4_0")
+    assert lines[1].split()[8:11] == ["1", "0.50x", "0.90x"]
+    assert lines[1].endswith("decode at 25% of the bandwidth limit (40% for llama.cpp q4_0)")
+    assert lines[3].split()[6:9] == ["16", "0.80x", "1.25x"] and "limit" not in lines[3]
+
+
+def test_parser_registers_llamacpp_build():
+    from compress.bench import llamacpp
+
+    a = _parser().parse_args(["bench", "llamacpp", "--dir", "d", "--cmake-arg=-DGGML_AMX_INT8=OFF"])
+    assert a.func is llamacpp.main and a.dir == "d" and a.cmake_arg == ["-DGGML_AMX_INT8=OFF"]
+    a = _parser().parse_args(["bench", "model", "--hf", "src", "--llamacpp-dir", "d"])
+    assert a.llamacpp_dir == "d" and not hasattr(a, "llamacpp_converter")
+
+
+def test_llamacpp_engine_without_built_tools_says_what_to_run(tmp_path, tiny_llama_dir):
+    """The default engines include llama.cpp: with --hf and no tools built, the run stops
+    before any timing with the command that builds them."""
+    from compress.bench import model
+    from compress.bench.llamacpp import LlamaCppToolsError
+
+    a = _parser().parse_args(["bench", "model", "--hf", str(tiny_llama_dir), "--engines", "llamacpp",
+                              "--llamacpp-dir", str(tmp_path / "none"), "--bandwidth-mib", "8"])
+    with pytest.raises(LlamaCppToolsError, match=r"run `compress bench llamacpp --dir .*none` first"):
+        model.run(a, log=lambda *_: None)
 
 
 def test_model_bench_says_which_engines_need_hf(tiny_llama_dir):
@@ -78,6 +113,8 @@ def test_model_bench_alternates_engines_and_writes_records(tmp_path, tiny_llama_
                               "--bandwidth-mib", "8", "--json", str(out)])
     from compress.bench import model
     result = model.run(a, log=log.append)
+    assert result["cpu"]["model"] and isinstance(result["cpu"]["flags"], list) and result["threads"] == 1
+    assert any(line.startswith("# CPU: ") for line in log)
     assert [line for line in log if line.startswith("# round")] == ["# round 1/2: every engine in turn",
                                                                     "# round 2/2: every engine in turn"]
     recs = result["records"]
@@ -88,4 +125,6 @@ def test_model_bench_alternates_engines_and_writes_records(tmp_path, tiny_llama_
         assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["weight_bytes_per_token"] > 0
         bw = result["bandwidth"]["best_gbps"]
         assert abs(r["bandwidth_limit_tok_s"] - bw * 1e9 / r["weight_bytes_per_token"] * r["batch"]) < 1e-6 * r["bandwidth_limit_tok_s"]
-    assert any(line.startswith("# decode, batch 2: compress") and "(kv f16)" in line for line in log)
+    assert any(line.startswith("# compress ") and "(kv f16) / transformers float32" in line for line in log)
+    assert {(c["batch"], c["kv_cache"]) for c in result["comparison"]} == {(1, "f32"), (2, "f32"), (1, "f16"),
+                                                                           (2, "f16")}
