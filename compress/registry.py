@@ -11,6 +11,7 @@ from typing import Callable
 from quantizers.awq import AWQConfig, apply_awq
 from quantizers.llm_int8 import LLMInt8Config, apply_llm_int8
 from quantizers.rtn import RTNConfig, apply_rtn
+from quantizers.shape_checks import check_int4_group_size, check_targets
 
 
 @dataclass(frozen=True)
@@ -27,11 +28,14 @@ class Method:
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("rtn", RTNConfig, apply_rtn, False,
-           "round-to-nearest: int8 per-channel W8A8 or groupwise int4 W4A16"),
+           "round-to-nearest: int8 per-channel W8A8 or groupwise / per-channel int4 W4A16",
+           check_int4_group_size),
     Method("llm_int8", LLMInt8Config, apply_llm_int8, True,
-           "LLM.int8(): vector-wise int8 with calibrated outlier input columns kept in float"),
+           "LLM.int8(): vector-wise int8 with calibrated outlier input columns kept in float",
+           check_targets),
     Method("awq", AWQConfig, apply_awq, True,
-           "AWQ: activation-aware scales folded into the previous op, clip search, groupwise int4 W4A16"),
+           "AWQ: activation-aware scales folded into the previous op, clip search, "
+           "groupwise / per-channel int4 W4A16", check_int4_group_size),
 )}
 
 

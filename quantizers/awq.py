@@ -15,6 +15,7 @@ norm, down after up):
 Then the scaled block's linears get a per-(row, group) clip search (q/k are skipped, as
 clipping them distorts attention scores) and are quantized with
 ``primitives.quantize_int4_groupwise``, giving the same ``w4a16`` QuantizedWeight as RTN.
+``group_size: channel`` (or -1) makes the group a whole row, in the search and the result.
 
 GQA: o_proj reads ``heads * head_dim`` channels while v_proj writes ``kv_heads * head_dim``;
 the v->o scale lives on v_proj's channels and is repeated for every query head that reads
@@ -37,13 +38,14 @@ from quantizers import primitives
 from quantizers.awq_search import (activation_scale, fold_scale_into_linear, fold_scale_into_norm,
                                    kv_head_maps, search_clip, search_scale)
 from quantizers.block_capture import block_targets, capture_inputs
+from quantizers.rtn import int4_quantized_weight
 from quantizers.targets import select_linears
 
 
 @dataclass
 class AWQConfig:
     bits: Literal[4] = 4
-    group_size: int = 128
+    group_size: int | str = 128       # a multiple of 8, or "channel" / -1 (one scale per row)
     symmetric: bool = False
     n_grid: int = 20                  # alpha grid points in [0, 1)
     duo_scaling: bool = False         # s = s_x^a / s_w^(1-a) instead of s_x^a
@@ -60,8 +62,8 @@ class AWQConfig:
     batch_size: int = 8
 
     def validate(self) -> None:
-        check(self.group_size > 0 and self.group_size % 8 == 0, "group_size",
-              f"must be a positive multiple of 8, got {self.group_size}")
+        problem = primitives.group_size_problem(self.group_size)
+        check(problem is None, "group_size", problem or "")
         check(self.n_grid >= 1, "n_grid", f"must be >= 1, got {self.n_grid}")
         check(self.clip_grid >= 1, "clip_grid", f"must be >= 1, got {self.clip_grid}")
         check(0 <= self.max_shrink < 1, "max_shrink", f"must be in [0, 1), got {self.max_shrink}")
@@ -144,7 +146,8 @@ def _scale_block(block: nn.Module, inputs, arch, model_config, targeted: dict[st
                     count += ref.numel()
             return total / count
 
-        s, alpha, losses = search_scale(s_x, [m.weight.data for m in linears], loss_of, config.group_size,
+        group_size = primitives.resolve_group_size(config.group_size, linears[0].in_features)
+        s, alpha, losses = search_scale(s_x, [m.weight.data for m in linears], loss_of, group_size,
                                         config.symmetric, config.n_grid,
                                         config.duo_scaling and expand is None, expand)
         if group.prev_kind == "norm":
@@ -162,13 +165,12 @@ def quantize_weight_awq(weight: torch.Tensor, x: torch.Tensor | None, config: AW
     """The per-linear core after scaling: optional clip search, then groupwise int4."""
     primitives.check_finite(weight, name)
     primitives.check_group_size(weight.shape[1], config.group_size, name)
+    group_size = primitives.resolve_group_size(config.group_size, weight.shape[1])
     ratio = 1.0
     if clip and x is not None:
-        ratio = search_clip(weight, x, config.group_size, config.symmetric, config.clip_grid, config.max_shrink)
-    qw, scales, zeros = primitives.quantize_int4_groupwise(weight, config.group_size, config.symmetric, ratio)
-    return QuantizedWeight("w4a16", {"qweight": qw, "scales": scales, "zeros": zeros},
-                           {"group_size": config.group_size, "in_features": weight.shape[1],
-                            "symmetric": config.symmetric})
+        ratio = search_clip(weight, x, group_size, config.symmetric, config.clip_grid, config.max_shrink)
+    qw, scales, zeros = primitives.quantize_int4_groupwise(weight, group_size, config.symmetric, ratio)
+    return int4_quantized_weight(qw, scales, zeros, weight.shape[1], config.group_size, config.symmetric)
 
 
 def apply_awq(state, config: AWQConfig, ctx) -> None:

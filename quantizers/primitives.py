@@ -19,12 +19,43 @@ def check_finite(weight: torch.Tensor, name: str) -> None:
         raise ValueError(f"weight of {name!r} has {bad} NaN/Inf values; refusing to quantize")
 
 
-def check_group_size(in_features: int, group_size: int, name: str) -> None:
+PER_CHANNEL = "channel"   # the recipe's spelling of one scale per output row (also -1)
+
+
+def is_per_channel(group_size: int | str) -> bool:
+    """``group_size: channel`` or ``-1`` (the compressed-tensors / AutoAWQ convention)."""
+    return group_size == PER_CHANNEL or (isinstance(group_size, int) and group_size == -1)
+
+
+def group_size_problem(group_size: int | str) -> str | None:
+    """Why a recipe's ``group_size`` value is invalid, or None when it is valid."""
+    if is_per_channel(group_size):
+        return None
+    if isinstance(group_size, str):
+        return f"must be a positive multiple of 8, {PER_CHANNEL!r} or -1 (per channel), got {group_size!r}"
     if group_size <= 0 or group_size % 8:
-        raise ValueError(f"group_size must be a positive multiple of 8, got {group_size}")
-    if in_features % group_size:
-        raise ValueError(f"layer {name!r}: in_features {in_features} is not divisible by "
-                         f"group_size {group_size}; choose a group size that divides it or ignore the layer")
+        return f"must be a positive multiple of 8, {PER_CHANNEL!r} or -1 (per channel), got {group_size}"
+    return None
+
+
+def resolve_group_size(group_size: int | str, in_features: int) -> int:
+    """The group size in elements for a layer: ``in_features`` when per channel."""
+    return in_features if is_per_channel(group_size) else int(group_size)
+
+
+def indivisible_message(name: str, in_features: int, group_size: int, others: int = 0) -> str:
+    also = f" (nor are {others} more layers')" if others > 1 else " (nor is 1 more layer's)" if others else ""
+    return (f"layer {name!r}: in_features {in_features} is not divisible by group_size {group_size}{also}; "
+            f"use group_size: {PER_CHANNEL} (one scale per output row), a group size that divides it, "
+            f"or add the layer to ignore")
+
+
+def check_group_size(in_features: int, group_size: int | str, name: str) -> None:
+    problem = group_size_problem(group_size)
+    if problem is not None:
+        raise ValueError(f"group_size {problem}")
+    if not is_per_channel(group_size) and in_features % group_size:
+        raise ValueError(indivisible_message(name, in_features, group_size))
 
 
 def quantize_int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,11 +103,22 @@ def _int4_codes(weight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
 def quantize_int4_groupwise(weight: torch.Tensor, group_size: int = 128, symmetric: bool = False,
                             clip_ratio: torch.Tensor | float = 1.0,
                             scale_dtype: torch.dtype = torch.float32):
-    """Groupwise int4: returns (qweight int32 [N, K/8], scales [N, K/g], zeros uint8 [N, K/g])."""
+    """Groupwise int4: returns (qweight int32 [N, ceil(K/8)], scales [N, K/g], zeros uint8 [N, K/g]).
+    Per channel is ``group_size = K`` (any K, e.g. 172; see :func:`pack_int4_padded`)."""
     scales, zeros = int4_group_params(weight, group_size, symmetric, clip_ratio)
     scales = scales.to(scale_dtype)
     u = _int4_codes(weight, scales, zeros, group_size).to(torch.uint8).reshape(weight.shape)
-    return pack_int4(u), scales, zeros
+    return pack_int4_padded(u), scales, zeros
+
+
+def pack_int4_padded(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 codes ``[N, K]`` -> int32 ``[N, ceil(K/8)]`` for any K. When K % 8 != 0 the
+    last word's unused nibbles are 0, as compressed-tensors' ``pack_to_int32`` writes
+    them (it offsets to unsigned, then pads with zeros); readers slice to ``weight_shape``."""
+    pad = (-codes.shape[1]) % 8
+    if pad:
+        codes = torch.nn.functional.pad(codes, (0, pad))
+    return pack_int4(codes)
 
 
 def fake_quantize_int4(weight: torch.Tensor, group_size: int = 128, symmetric: bool = False,

@@ -1,5 +1,5 @@
 """Round-to-nearest baselines: int8 W8A8 (per output channel, symmetric) and
-groupwise int4 W4A16 (asymmetric by default). No calibration data needed.
+groupwise or per-channel int4 W4A16 (asymmetric by default). No calibration data needed.
 
 These are the baselines LLM.int8() and AWQ must beat.
 """
@@ -20,14 +20,14 @@ from quantizers.targets import select_linears
 @dataclass
 class RTNConfig:
     bits: Literal[4, 8] = 4
-    group_size: int = 128
+    group_size: int | str = 128       # int4: a multiple of 8, or "channel" / -1 (one scale per row)
     symmetric: bool = False
     targets: list[str] = field(default_factory=lambda: ["re:.*layers\\.\\d+\\..*"])
     ignore: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
-        check(self.group_size > 0 and self.group_size % 8 == 0, "group_size",
-              f"must be a positive multiple of 8, got {self.group_size}")
+        problem = primitives.group_size_problem(self.group_size)
+        check(problem is None, "group_size", problem or "")
 
 
 def quantize_weight_rtn(weight: torch.Tensor, config: RTNConfig, name: str) -> QuantizedWeight:
@@ -37,10 +37,21 @@ def quantize_weight_rtn(weight: torch.Tensor, config: RTNConfig, name: str) -> Q
         q, scale = primitives.quantize_int8_per_channel(weight)
         return QuantizedWeight("w8a8", {"qweight": q, "weight_scale": scale})
     primitives.check_group_size(weight.shape[1], config.group_size, name)
-    qw, scales, zeros = primitives.quantize_int4_groupwise(weight, config.group_size, config.symmetric)
-    return QuantizedWeight("w4a16", {"qweight": qw, "scales": scales, "zeros": zeros},
-                           {"group_size": config.group_size, "in_features": weight.shape[1],
-                            "symmetric": config.symmetric})
+    group_size = primitives.resolve_group_size(config.group_size, weight.shape[1])
+    qw, scales, zeros = primitives.quantize_int4_groupwise(weight, group_size, config.symmetric)
+    return int4_quantized_weight(qw, scales, zeros, weight.shape[1], config.group_size, config.symmetric)
+
+
+def int4_quantized_weight(qweight, scales, zeros, in_features: int, group_size: int | str,
+                          symmetric: bool) -> QuantizedWeight:
+    """The ``w4a16`` QuantizedWeight (RTN and AWQ alike); per channel it records
+    ``strategy: channel`` (exported as compressed-tensors' channel strategy) and
+    ``group_size = in_features``."""
+    meta = {"group_size": primitives.resolve_group_size(group_size, in_features), "in_features": in_features,
+            "symmetric": symmetric}
+    if primitives.is_per_channel(group_size):
+        meta["strategy"] = "channel"
+    return QuantizedWeight("w4a16", {"qweight": qweight, "scales": scales, "zeros": zeros}, meta)
 
 
 def apply_rtn(state, config: RTNConfig, ctx) -> None:
