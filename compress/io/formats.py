@@ -5,10 +5,15 @@ can read what we write:
 
 * ``w4a16`` -> compressed-tensors ``pack-quantized``::
 
-      <m>.weight_packed      int32 [N, K/8]   nibble k%8 of word k//8 = q + 8 (same as ours)
+      <m>.weight_packed      int32 [N, ceil(K/8)]  nibble k%8 of word k//8 = q + 8 (same as ours)
       <m>.weight_scale       [N, K/g]         scale dtype as quantized
       <m>.weight_shape       int64 [2]        (N, K)
       <m>.weight_zero_point  int32 [ceil(N/8), K/g]  asymmetric only
+
+  Per channel (``strategy: channel``, ``group_size: null`` in the config group) is the
+  same tensors with one group per row (``weight_scale`` [N, 1]), for any K: when
+  K % 8 != 0 the last word's unused nibbles are 0, as ``pack_to_int32`` pads them, and
+  ``weight_shape`` gives the true K.
 
   The zero point is stored the way ``compressed_tensors.compressors.pack_quantized``
   writes it: signed (``z - 8``), offset back by +8 and packed 8 per int32 along dim 0
@@ -118,6 +123,8 @@ class W4A16Codec(SchemeCodec):
         qweight, scales, zeros = t["qweight"], t["scales"], t["zeros"]
         n = qweight.shape[0]
         k = int(qw.meta.get("in_features", qweight.shape[1] * 8))
+        if qweight.shape[1] != -(-k // 8):
+            raise CheckpointFormatError(f"qweight {tuple(qweight.shape)} does not pack in_features {k}")
         out = {
             "weight_packed": qweight.to(torch.int32).contiguous(),
             "weight_scale": scales.contiguous(),
@@ -138,10 +145,11 @@ class W4A16Codec(SchemeCodec):
         k = packed.shape[1] * 8
         if "weight_shape" in local:
             shape = [int(x) for x in local["weight_shape"].tolist()]
-            if len(shape) != 2 or shape[0] != n or shape[1] != k:
+            if len(shape) != 2 or shape[0] != n or not 0 < shape[1] <= k or -(-shape[1] // 8) != packed.shape[1]:
                 raise CheckpointFormatError(
                     f"'{where}.weight_shape' {shape} does not match weight_packed {tuple(packed.shape)} "
-                    f"(only 4-bit packing with in_features divisible by 8 is supported)")
+                    f"(4-bit packing, 8 values per int32 along in_features)")
+            k = shape[1]
         if scales.dim() != 2 or scales.shape[0] != n or k % scales.shape[1]:
             raise CheckpointFormatError(f"'{where}.weight_scale' shape {tuple(scales.shape)} does not fit weight [{n}, {k}]")
         group_size = k // scales.shape[1]
@@ -156,6 +164,8 @@ class W4A16Codec(SchemeCodec):
         else:
             zeros = torch.full(tuple(scales.shape), 8, dtype=torch.uint8)
         m = {"group_size": group_size, "in_features": k}
+        if scales.shape[1] == 1 and "group_size" not in (meta or {}):
+            m["strategy"] = "channel"   # a checkpoint without our manifest: one scale per row
         m.update(meta or {})
         return QuantizedWeight("w4a16", {"qweight": packed, "scales": scales, "zeros": zeros}, m)
 
@@ -284,15 +294,21 @@ def decode_quantized(module: str, scheme: str, local: dict[str, torch.Tensor], m
 # ---------------------------------------------------------------- quantization_config
 
 def _w4a16_group_key(qw: QuantizedWeight) -> tuple:
-    return ("w4a16", int(qw.meta.get("group_size", 128)), is_symmetric_int4(qw.tensors["zeros"]))
+    """Per-channel layers share one group whatever their K (their group_size is K)."""
+    if qw.meta.get("strategy") == "channel":
+        group = "channel"
+    else:
+        group = int(qw.meta.get("group_size", 128))
+    return ("w4a16", group, is_symmetric_int4(qw.tensors["zeros"]))
 
 
 def _ct_scheme(key: tuple, targets: list[str]) -> dict:
     if key[0] == "w4a16":
-        _, group_size, symmetric = key
+        _, group, symmetric = key
+        strategy, group_size = ("channel", None) if group == "channel" else ("group", group)
         return {
             "targets": targets,
-            "weights": {"num_bits": 4, "type": "int", "symmetric": symmetric, "strategy": "group",
+            "weights": {"num_bits": 4, "type": "int", "symmetric": symmetric, "strategy": strategy,
                         "group_size": group_size, "dynamic": False, "actorder": None, "observer": "minmax"},
             "input_activations": None, "output_activations": None, "format": "pack-quantized",
         }

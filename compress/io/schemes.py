@@ -4,7 +4,8 @@
 keyword names of the runtime layer class for ``scheme``
 (``compress/runtime/layers.py``):
 
-* ``w4a16``: qweight int32 [N, K/8], scales [N, K/g], zeros uint8 [N, K/g]; meta: group_size, in_features
+* ``w4a16``: qweight int32 [N, ceil(K/8)], scales [N, K/g], zeros uint8 [N, K/g]; meta: group_size,
+  in_features, and ``strategy: channel`` when per channel (g = K, any K; the nibbles past K are 0)
 * ``w8a8``: qweight int8 [N, K], weight_scale fp32 [N]
 * ``llm_int8``: qweight int8 [N, K], weight_scale fp32 [N], outlier_idx int64 [C], outlier_weight [N, C]; meta: threshold
 """
@@ -29,11 +30,15 @@ class QuantizedWeight:
 
     def dequantize(self) -> torch.Tensor:
         """The float32 dense weight this layer computes with (what the runtime runs)."""
-        from compress.ops.reference import dequantize_int4
+        from compress.ops.reference import unpack_int4
 
         t = self.tensors
         if self.scheme == "w4a16":
-            return dequantize_int4(t["qweight"], t["scales"], t["zeros"], self.meta["group_size"])
+            u = unpack_int4(t["qweight"]).to(torch.float32)
+            k = int(self.meta.get("in_features", u.shape[1]))
+            g = u[:, :k].reshape(u.shape[0], -1, int(self.meta["group_size"]))
+            w = (g - t["zeros"].to(torch.float32).unsqueeze(-1)) * t["scales"].to(torch.float32).unsqueeze(-1)
+            return w.reshape(u.shape[0], k)
         w = t["qweight"].to(torch.float32) * t["weight_scale"].to(torch.float32).unsqueeze(1)
         if self.scheme == "llm_int8":
             w[:, t["outlier_idx"].long()] = t["outlier_weight"].to(torch.float32)

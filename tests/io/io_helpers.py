@@ -82,3 +82,9 @@ def assert_qw_equal(a: QuantizedWeight, b: QuantizedWeight):
             torch.testing.assert_close(x.float(), y.float(), rtol=2e-7, atol=0, msg=k)
         else:
             assert torch.equal(x.to(torch.int64), y.to(torch.int64)), k
+
+
+def int4_per_channel(w: torch.Tensor, symmetric: bool = False) -> QuantizedWeight:
+    """One scale (and zero point) per output row, any K: the RTN quantizer's own core."""
+    from quantizers.rtn import RTNConfig, quantize_weight_rtn
+    return quantize_weight_rtn(w, RTNConfig(group_size="channel", symmetric=symmetric), "test")

@@ -92,3 +92,19 @@ def test_mixed_w4a16_w8a8_loads_in_transformers(tmp_path, tiny_llama):
     got = _hf_logits(out, ids)
     snr = 10 * torch.log10(ref.pow(2).mean() / (got - ref).pow(2).mean())
     assert snr > 30, f"SNR {snr:.1f} dB"  # w8a8 activations are fake-quantized by compressed-tensors
+
+
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("intermediate", [172, 256], ids=["mlp172", "mlp256"])
+def test_per_channel_w4a16_loads_in_transformers(tmp_path, symmetric, intermediate):
+    """compressed-tensors' channel strategy, including a K (172) that is not a multiple of 8."""
+    from transformers import LlamaForCausalLM
+    from io_helpers import int4_per_channel, tiny_llama_config
+    torch.manual_seed(0)
+    cfg = tiny_llama_config(intermediate_size=intermediate)
+    sd = {k: v.detach().clone() for k, v in LlamaForCausalLM(cfg).state_dict().items()}
+    cfg, out, dense, quantized = _export(
+        tmp_path, (cfg, sd), {m: (lambda w: int4_per_channel(w, symmetric)) for m in all_linears()})
+    ids = torch.randint(0, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(5))
+    ref = _reference_logits(cfg, dense, quantized, ids)
+    torch.testing.assert_close(_hf_logits(out, ids), ref, rtol=1e-4, atol=1e-4)
