@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -158,7 +160,8 @@ def _converter_env(tools: LlamaCppTools) -> dict:
     return env
 
 
-def make_gguf(tools: LlamaCppTools, hf_dir: str | Path, qtype: str, cache_dir: Path, threads: int) -> Path:
+def make_gguf(tools: LlamaCppTools, hf_dir: str | Path, qtype: str, cache_dir: Path, threads: int,
+              log=print) -> Path:
     """``cache_dir``/model-<qtype>.gguf from the HF source: converted to F16 by llama.cpp's
     converter, then quantized by ``llama-quantize``; each file written under a temporary
     name and renamed, so the cache never holds half a file."""
@@ -168,8 +171,15 @@ def make_gguf(tools: LlamaCppTools, hf_dir: str | Path, qtype: str, cache_dir: P
     f16 = cache_dir / "model-f16.gguf"
     if not f16.exists():
         tmp = cache_dir / "model-f16.gguf.tmp"
-        _run_tool([sys.executable, tools.converter, str(hf_dir), "--outtype", "f16", "--outfile", str(tmp)],
-                  f"llama.cpp's convert_hf_to_gguf.py on {hf_dir}", env=_converter_env(tools))
+        try:
+            convert_to_f16(tools, Path(hf_dir), tmp)
+        except LlamaCppRunError as e:
+            if UNKNOWN_PRE_TOKENIZER not in str(e) or (Path(hf_dir) / "tokenizer.model").exists():
+                raise
+            log(f"# llama.cpp's converter does not know {hf_dir}'s BPE pre-tokenizer: converting with a "
+                "stand-in SentencePiece tokenizer.model (the benchmark feeds token ids; speed is unchanged)")
+            convert_to_f16(tools, stand_in_tokenizer_dir(Path(hf_dir), cache_dir / "hf-stand-in-tokenizer", log),
+                           tmp)
         tmp.replace(f16)
     if qtype == "f16":
         return f16
@@ -180,6 +190,44 @@ def make_gguf(tools: LlamaCppTools, hf_dir: str | Path, qtype: str, cache_dir: P
                   f"llama-quantize {f16} to {GGUF_TYPES[qtype]}")
         tmp.replace(out)
     return out
+
+
+UNKNOWN_PRE_TOKENIZER = "BPE pre-tokenizer was not recognized"
+
+
+def convert_to_f16(tools: LlamaCppTools, hf_dir: Path, out: Path) -> None:
+    """llama.cpp's ``convert_hf_to_gguf.py --outtype f16`` in a child process of this
+    interpreter, with its own gguf-py first on the path."""
+    try:
+        _run_tool([sys.executable, tools.converter, str(hf_dir), "--outtype", "f16", "--outfile", str(out)],
+                  f"llama.cpp's convert_hf_to_gguf.py on {hf_dir}", env=_converter_env(tools))
+    except LlamaCppRunError as e:
+        missing = re.search(r"No module named '([\w.]+)'", str(e))
+        if missing:
+            module = missing.group(1).split(".")[0]
+            raise LlamaCppRunError(f"llama.cpp's convert_hf_to_gguf.py needs the Python package {module!r}: "
+                                   f"pip install {module}") from None
+        raise
+
+
+def stand_in_tokenizer_dir(hf_dir: Path, dest: Path, log=print) -> Path:
+    """``dest``: the files of ``hf_dir`` as symbolic links plus a small SentencePiece
+    ``tokenizer.model`` (which the converter reads first), for a source whose tokenizer
+    llama.cpp's converter refuses. The vocabulary is padded to the model's size."""
+    from compress.bench.make_model import train_sentencepiece
+
+    if (dest / "tokenizer.model").is_file():
+        return dest
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for f in Path(hf_dir).resolve().iterdir():
+        if f.is_file() and f.name not in ("tokenizer.json", "tokenizer_config.json"):
+            (dest / f.name).symlink_to(f)
+    if not train_sentencepiece(dest, log):
+        raise LlamaCppRunError(f"{hf_dir}: llama.cpp's converter refuses its tokenizer, and a stand-in "
+                               "SentencePiece model needs the sentencepiece package: pip install sentencepiece")
+    return dest
 
 
 def gguf_streamed_bytes(tools: LlamaCppTools, gguf: Path) -> int:

@@ -169,7 +169,7 @@ def _add_llamacpp_runners(runners: list, args, hf: str, threads: int, log) -> di
     cache = Path(args.gguf_dir) if args.gguf_dir else (
         Path(args.llamacpp_dir or default_dir()) / "gguf" / llamacpp_bench.source_key(hf))
     for qt in args.gguf_types:
-        gguf = llamacpp_bench.make_gguf(tools, hf, qt, cache, threads)
+        gguf = llamacpp_bench.make_gguf(tools, hf, qt, cache, threads, log)
         nbytes = llamacpp_bench.gguf_streamed_bytes(tools, gguf)
         log(f"# llama.cpp {qt}: {gguf}")
         for b in args.batch:
