@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from compress.ops import get_op, native_available
+from compress.runtime.int4_padding import pad_activations, pad_int4_in_features
 from compress.ops.reference import (w4a16_prepare_cpu_scales, w4a16_tile_cpu, w4a16_untile_cpu,
                                     w8a8_outlier_gemm_guarded, w8a8_tile_cpu, w8a8_untile_cpu)
 
@@ -104,13 +105,16 @@ class _CpuTiledWeight:
 
 
 class Int4Linear(_CpuTiledWeight, _OpLinear):
-    """W4A16: groupwise asymmetric int4 weights, float activations."""
+    """W4A16: groupwise asymmetric int4 weights, float activations. A per-channel weight
+    whose K the kernels cannot take is padded here, once (``runtime/int4_padding.py``)."""
     scheme = "w4a16"
     op_name = "w4a16_gemm"
     _tile, _untile = staticmethod(w4a16_tile_cpu), staticmethod(w4a16_untile_cpu)
 
     def __init__(self, qweight, scales, zeros, group_size: int, in_features: int, bias=None):
         super().__init__(qweight.shape[0], in_features, bias)
+        qweight, group_size = pad_int4_in_features(qweight, zeros, group_size, in_features)
+        self.k_padded = qweight.shape[1] * 8  # the K the kernels see (in_features unless padded)
         self.register_buffer("qweight", qweight)
         self.register_buffer("scales", scales)
         self.register_buffer("zeros", zeros)
@@ -162,11 +166,12 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
         return self.qweight.numel() * 4 + scales + bias
 
     def decode_spec(self):
-        if self.cpu_scales is None:
+        if self.cpu_scales is None or self.k_padded != self.in_features:  # decode_layer passes x unpadded
             return None
         return "w4a16_prepared", self.group_size, [self.qweight, *self.cpu_scales], self.bias
 
     def gemm(self, x2d):
+        x2d = pad_activations(x2d, self.k_padded)
         if self.cuda_layout is not None and x2d.dtype in (torch.float16, torch.bfloat16):
             qs, st, zt = self.cuda_layout
             return torch.ops.compress.w4a16_gemm_shuffled(x2d, qs, st.to(x2d.dtype), zt,

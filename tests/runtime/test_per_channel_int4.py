@@ -1,0 +1,133 @@
+"""Per-channel int4 in the runtime: the same int4 kernels, with a K they cannot take
+(172) padded at load time (``runtime/int4_padding.py``) so that the padding contributes
+exactly 0; fused q/k/v and gate/up; the fused decode step where K needs no padding and
+the module path where it does."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from compress.accuracy import sqnr_db
+from compress.architectures import get_arch
+from compress.ops import native_available
+from compress.ops.reference import unpack_int4
+from compress.runtime import LLM
+from compress.runtime.layers import Int4Linear, fuse_linears
+from compress.runtime.loading import RuntimeCheckpoint
+from compress.runtime.models.llama import build_model
+from quantizers.rtn import RTNConfig, quantize_weight_rtn
+
+from runtime_models import hf_model, tiny_config
+
+BACKENDS = ["reference"] + (["native"] if native_available("cpu") else [])
+
+
+def per_channel(w: torch.Tensor, symmetric: bool = False):
+    return quantize_weight_rtn(w, RTNConfig(group_size="channel", symmetric=symmetric), "test")
+
+
+def int4_layer(qw, backend: str) -> Int4Linear:
+    layer = Int4Linear(**qw.tensors, group_size=qw.meta["group_size"], in_features=qw.meta["in_features"])
+    layer.prepare(backend)
+    return layer
+
+
+def check_output(layer: Int4Linear, x: torch.Tensor, want: torch.Tensor, backend: str) -> None:
+    got = layer(x)
+    if backend == "reference":
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    else:  # the native kernel quantizes activations to int8 in blocks of 32: ~45 dB
+        assert sqnr_db(want, got) > 38
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("k, k_padded", [(172, 192), (96, 128), (256, 256)])
+def test_layer_matches_dequantized_matmul(backend, symmetric, k, k_padded):
+    torch.manual_seed(k)
+    qw = per_channel(torch.randn(40, k), symmetric)
+    layer = int4_layer(qw, backend)
+    assert layer.in_features == k and layer.k_padded == layer.group_size == k_padded
+    codes = unpack_int4(layer.canonical_qweight())
+    assert codes.shape == (40, k_padded)
+    # padded codes are the row's zero point: those weights dequantize to exactly 0
+    assert torch.equal(codes[:, k:], layer.zeros.expand(-1, k_padded - k))
+    assert torch.equal(codes[:, :k], unpack_int4(qw.tensors["qweight"])[:, :k])
+    x = torch.randn(5, k)
+    check_output(layer, x, x @ qw.dequantize().t(), backend)
+    check_output(layer, x[:1], x[:1] @ qw.dequantize().t(), backend)   # M = 1 (decode)
+    if backend == "native":
+        assert layer.qweight_tiled                                          # the tiled kernels, not a fallback
+        assert (layer.decode_spec() is None) is (k != k_padded)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fused_padded_layers(backend):
+    torch.manual_seed(1)
+    qws = [per_channel(torch.randn(n, 172)) for n in (24, 8, 8)]
+    fused = fuse_linears([Int4Linear(**q.tensors, group_size=172, in_features=172) for q in qws])
+    fused.prepare(backend)
+    assert fused.in_features == 172 and fused.k_padded == fused.group_size == 192 and fused.out_features == 40
+    x = torch.randn(3, 172)
+    check_output(fused, x, x @ torch.cat([q.dequantize() for q in qws]).t(), backend)
+
+
+def per_channel_pair(vocab: int, **overrides):
+    """(checkpoint with every block linear per-channel int4, HF model with the dequantized weights)."""
+    config = tiny_config("llama", vocab, **overrides)
+    model = hf_model(config)
+    arch = get_arch(config.model_type)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    quantized = {}
+    for i in range(config.num_hidden_layers):
+        for name in arch.block_linears:
+            path = f"{arch.block_prefix(i)}.{name}"
+            quantized[path] = per_channel(state.pop(path + ".weight"))
+            model.get_submodule(path).weight.data.copy_(quantized[path].dequantize())
+    return RuntimeCheckpoint(config, state, quantized), model
+
+
+@pytest.mark.parametrize("intermediate", [172, 128])
+def test_tiny_llama_matches_dequantized_reference(tokenizer, intermediate):
+    ckpt, ref = per_channel_pair(len(tokenizer), intermediate_size=intermediate)
+    ids = torch.randint(2, len(tokenizer), (2, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = ref(ids).logits
+    got = LLM.from_checkpoint(ckpt, tokenizer, kernels="reference").logits(ids)
+    torch.testing.assert_close(got, expected, atol=2e-4, rtol=1e-4)
+    if native_available("cpu"):
+        native = LLM.from_checkpoint(ckpt, tokenizer, kernels="native")
+        assert sqnr_db(expected, native.logits(ids)) > 25   # int8 activation blocks, as for groupwise int4
+        down = native.model.layers[0].mlp.down_proj
+        assert down.k_padded == (192 if intermediate == 172 else 128)
+
+
+@pytest.mark.skipif(not native_available("cpu"), reason="native CPU kernels not built")
+@pytest.mark.parametrize("intermediate", [172, 128])
+def test_decode_plan_where_k_allows_and_module_path_where_padded(tokenizer, intermediate):
+    from test_decode_layer import step_logits
+
+    ckpt, _ = per_channel_pair(len(tokenizer), intermediate_size=intermediate)
+    model = build_model(ckpt)
+    assert model.layers[0].attn.qkv_proj is not None and model.layers[0].mlp.gate_up_proj is not None
+    prompts = [[5, 9, 13, 21, 8, 40, 3], [11, 4, 7]]
+    if intermediate == 172:    # down_proj reads a padded K: the fused decode step cannot pass it
+        assert not model.fused_decode and model.decode_plan is None
+        reference = build_model(ckpt, kernels="reference")
+        for got, want in zip(step_logits(model, prompts, 5, fused=False),
+                             step_logits(reference, prompts, 5, fused=False)):
+            assert sqnr_db(want, got) > 25
+    else:
+        assert model.fused_decode and model.decode_plan is not None
+        got = step_logits(model, prompts, 5, fused=True)
+        want = step_logits(model, prompts, 5, fused=False)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("k, group_size", [(64, 32), (96, 32), (160, 32)])
+def test_groupwise_layers_are_not_padded(k, group_size):
+    qw = quantize_weight_rtn(torch.randn(16, k), RTNConfig(group_size=group_size), "test")
+    layer = int4_layer(qw, "reference")
+    assert layer.group_size == group_size and layer.k_padded == k
+    assert torch.equal(layer.qweight, qw.tensors["qweight"])
