@@ -1,0 +1,153 @@
+"""``compress bench profile CKPT``: where a decode step's time goes. Runs greedy
+decoding of a checkpoint on our runtime under torch.profiler and prints the time per
+generated token by op group.
+
+By default a decode step is one ``compress._C.DecodePlan.decode_tokens`` call (the
+embedding, every layer as ``compress::decode_layer``'s C++, the final norm, the lm_head
+and the greedy argmax), whose GEMMs, norms and attention are direct C++ calls inside it
+(one group, recorded as DecodePlan.decode); ``--per-layer-op`` calls the
+``compress::decode_layer`` op once per layer instead, and ``--module-path`` runs the
+layers op by op (``model.fused_decode = False``) to split the time by op.
+
+Groups: the packed GEMMs (our kernels, lm_head included when it is packed), dense
+matmuls, attention, norms, and everything else (views, copies, elementwise ops, the
+sampler). Decode only: a 1-token run (prefill) is profiled too and subtracted. The
+time of a step that falls in no op is the interpreter between ops (inflated by the
+profiler's own cost)."""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import torch
+
+from compress.errors import UserError
+from compress.io.files import atomic_write_text
+
+PLAN_EVENT = "compress._C.DecodePlan.step"
+DECODE_EVENT = "compress._C.DecodePlan.decode"
+GROUPS = [
+    ("whole step (DecodePlan.decode)", (DECODE_EVENT,)),
+    ("whole layers (DecodePlan.step or compress::decode_layer)", (PLAN_EVENT, "compress::decode_layer")),
+    ("int4 GEMM (compress::w4a16_*)", ("compress::w4a16",)),
+    ("int8 GEMM (compress::w8a8_*)", ("compress::w8a8",)),
+    ("dense matmul (aten::mm/addmm/linear)", ("aten::mm", "aten::addmm")),
+    ("attention", ("compress::decode_attention", "aten::_scaled_dot_product", "aten::scaled_dot_product")),
+    ("norms (compress::rms_norm, add_rms_norm)", ("compress::rms_norm", "compress::add_rms_norm")),
+]
+OTHER = "other ops (views, copies, elementwise, sampling)"
+
+
+class ProfileSettingsError(UserError):
+    """A profile setting that cannot work (names the option)."""
+
+
+class ProfiledPlan:
+    """A model's DecodePlan whose decode_tokens() and step() show in torch.profiler as one
+    event each (the plan is a pybind11 object, not a torch op, so the profiler would not
+    see it otherwise)."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.has_head = plan.has_head
+
+    def decode_tokens(self, *args):
+        with torch.profiler.record_function(DECODE_EVENT):
+            return self.plan.decode_tokens(*args)
+
+    def step(self, *args):
+        with torch.profiler.record_function(PLAN_EVENT):
+            return self.plan.step(*args)
+
+
+def group_of(event_name: str) -> str:
+    """The group an op's profiler event counts in."""
+    return next((g for g, prefixes in GROUPS if event_name.startswith(prefixes)), OTHER)
+
+
+def profile_decode(llm, tokens: int, prompt_len: int) -> dict:
+    """Per-token decode time and calls of each op group: profiles greedy runs of
+    ``tokens`` and of 1 token from the same prompt and divides the difference by the
+    ``tokens - 1`` decode steps. Returns ``{"groups": {group: {"ms_per_token",
+    "calls_per_token"}}, "step_ms", "ops_ms", "decode_steps", "decode_s"}``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from compress.runtime import SamplingParams
+
+    if tokens < 2:
+        raise ProfileSettingsError(f"compress bench profile: --tokens must be at least 2 (one decode step), "
+                                   f"got {tokens}")
+    prompt = [(7 * i) % (llm.config.vocab_size - 10) + 5 for i in range(prompt_len)]
+    llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))  # warm-up
+
+    def profiled(n: int):
+        """Self time (us) and calls per op group of one generate() of ``n`` tokens."""
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            out = llm.generate([prompt], SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))[0]
+        times: dict[str, float] = defaultdict(float)
+        calls: dict[str, int] = defaultdict(int)
+        for evt in prof.key_averages():
+            group = group_of(evt.key)
+            times[group] += evt.self_cpu_time_total
+            calls[group] += evt.count
+        return out.metrics, times, calls
+
+    # the prefill (and first token) is the same in both runs: the difference is the decode steps
+    _, t_prefill, c_prefill = profiled(1)
+    metrics, t_all, c_all = profiled(tokens)
+    steps = tokens - 1
+    groups = {g: {"ms_per_token": (t_all[g] - t_prefill[g]) / 1e3 / steps,
+                  "calls_per_token": (c_all[g] - c_prefill[g]) / steps}
+              for g in [name for name, _ in GROUPS] + [OTHER]}
+    return {"groups": groups, "ops_ms": sum(v["ms_per_token"] for v in groups.values()),
+            "step_ms": metrics["decode_s"] / metrics["decode_steps"] * 1e3,
+            "decode_steps": metrics["decode_steps"], "decode_s": metrics["decode_s"]}
+
+
+def format_profile(result: dict, tokens: int) -> str:
+    steps, secs = result["decode_steps"], result["decode_s"]
+    lines = [f"decode: {steps} steps in {secs * 1e3:.1f} ms = {secs / steps * 1e3:.2f} ms/token "
+             f"({steps / secs:.1f} tok/s) under the profiler; per-group figures below are "
+             f"(run of {tokens} tokens - run of 1) / {tokens - 1}",
+             f"{'group':<52} {'ms/token':>9} {'share':>7} {'calls/token':>12}"]
+    whole = result["ops_ms"]
+    for g, v in result["groups"].items():
+        lines.append(f"{g:<52} {v['ms_per_token']:>9.2f} {100 * v['ms_per_token'] / whole:>6.1f}% "
+                     f"{v['calls_per_token']:>12.0f}")
+    lines.append(f"{'all ops':<52} {whole:>9.2f} {100.0:>6.1f}%")
+    lines.append(f"{'outside any op (Python between ops, profiler)':<52} {result['step_ms'] - whole:>9.2f}   "
+                 f"of a {result['step_ms']:.2f} ms step")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    from compress.runtime import LLM
+
+    torch.set_num_threads(args.threads)
+    llm = LLM(args.path, threads=args.threads)
+    if args.module_path:
+        llm.model.fused_decode = False
+    if args.per_layer_op or llm.model.decode_plan is None:
+        llm.model.decode_plan = None
+    else:
+        llm.model.decode_plan = ProfiledPlan(llm.model.decode_plan)
+    result = profile_decode(llm, args.tokens, args.prompt_len)
+    print(format_profile(result, args.tokens))
+    if args.json:
+        atomic_write_text(args.json, json.dumps({"path": str(args.path), "threads": args.threads,
+                                                 "tokens": args.tokens, "prompt_len": args.prompt_len, **result},
+                                                indent=1))
+        print(f"# wrote {args.json}")
+    return 0
+
+
+def add_arguments(p) -> None:
+    p.add_argument("path", help="a compress checkpoint")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--tokens", type=int, default=32, help="tokens generated in the profiled run (>= 2)")
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--module-path", action="store_true",
+                   help="run decode layers op by op instead of one compress::decode_layer call each")
+    p.add_argument("--per-layer-op", action="store_true",
+                   help="one compress::decode_layer op call per layer instead of one DecodePlan call per step")
+    p.add_argument("--json", help="write the per-group figures to this file")
