@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """What 2 MiB pages buy (compress/runtime/hugepages.py), measured in one process.
 
-    python scripts/ab_huge_pages.py /tmp/bench-llama2/rtn-int4 --threads 2 --sequences 6
+    python csrc/cpu/lab/ab_huge_pages.py /tmp/bench-llama2/rtn-int4 --threads 2 --sequences 6
 
 1. A streaming read (``compress::stream_read_sum``) of a buffer in 4 KiB pages and of one
    in 2 MiB pages, alternating, each after a 256 MiB read that evicts the caches.

@@ -1,0 +1,183 @@
+"""A many-row kernel path against the tiles it replaces, measured in one process: the
+machinery of the lab ``csrc/cpu/lab/ab_many_rows.py``.
+
+Paths: ``int16``, the W8A8 int16 GEMM (csrc/cpu/w8a8_i16_avx2.inc) against the byte
+tiles (AVX2 CPUs without VNNI); ``amx``, the W8A8 AMX-INT8 tiles (csrc/cpu/w8a8_amx.inc)
+against the VNNI tiles; ``w4-amx``, the W4A16 AMX-BF16 tiles (csrc/cpu/w4a16_amx.inc)
+against the int8 tiles (CPUs with AMX). Elsewhere both settings run the same kernel.
+
+Each round calls the prepared op (``w8a8_gemm_prepared``, or ``w4a16_gemm_prepared``
+with groups of 128; fp32 x, row-tiled weights, warm caches) with the path on and off
+(its row threshold: compress.ops.set_w8a8_int16_min_rows / set_w8a8_amx_min_rows /
+set_w4a16_amx_min_rows) and fp32 ``matmul``, alternating, so the machine's drift hits
+all three alike. The W8A8 paths must give the same bits; the W4A16 AMX path rounds
+differently (bf16), so the SQNR between the two sides must stay above 40 dB (20 dB for a
+whole model's logits). ``prefill_ab`` does the same for the prefill of a packed
+checkpoint (one sequence per prompt length, the runtime's ModelRunner, whose linears run
+at M = the prompt length)."""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, NamedTuple
+
+import torch
+
+from compress import ops
+from compress.accuracy import sqnr_db
+
+NEVER = 1 << 62  # a row threshold no call reaches: the path is off
+
+
+class ManyRowPath(NamedTuple):
+    set_rows: Callable[[int], int]  # its row threshold's setter (returns the previous value)
+    get_rows: Callable[[], int]
+    on: str  # labels of the two sides
+    off: str
+    what: str
+    exact: bool  # whether both sides must give the same bits
+
+
+PATHS = {
+    "int16": ManyRowPath(ops.set_w8a8_int16_min_rows, ops.w8a8_int16_min_rows, "int16", "bytes", "int16 GEMM", True),
+    "amx": ManyRowPath(ops.set_w8a8_amx_min_rows, ops.w8a8_amx_min_rows, "amx", "vnni", "AMX tiles", True),
+    "w4-amx": ManyRowPath(ops.set_w4a16_amx_min_rows, ops.w4a16_amx_min_rows, "amx", "int8", "W4A16 AMX tiles", False),
+}
+# Least SQNR between the two sides of an inexact path: one GEMM, and a whole model's
+# logits, where the two roundings compound over every layer (the 345M benchmark Llama's
+# int4 export read ~32 dB)
+MIN_SQNR_DB = {"gemm": 40.0, "logits": 20.0}
+
+
+class Comparison(NamedTuple):
+    ok: bool
+    note: str  # what to print about the two sides' outputs ("" when exact and equal)
+    sqnr_db: float | None  # inexact paths only
+
+
+class GemmAB(NamedTuple):
+    m: int
+    n: int
+    k: int
+    gmacs: dict[str, float]  # median GMAC/s of each side and of fp32 matmul
+    comparison: Comparison
+
+
+class PrefillAB(NamedTuple):
+    tokens: int
+    tokens_per_s: dict[str, float]  # median prefill tokens/s of each side
+    comparison: Comparison
+
+
+def compare_outputs(a: torch.Tensor, b: torch.Tensor, exact: bool, what: str = "gemm") -> Comparison:
+    """Whether the two sides' outputs agree, and what to print about them; for logits of
+    an inexact path also how many rows' greedy tokens are the same."""
+    if exact:
+        same = torch.equal(a, b)
+        return Comparison(same, "" if same else "   OUTPUTS DIFFER", None)
+    db = sqnr_db(b.float(), a.float())
+    note = f"   sqnr(on, off) {db:.1f} dB"
+    if what == "logits":
+        same = (a.argmax(-1) == b.argmax(-1)).reshape(-1)
+        note += f", greedy token the same in {int(same.sum())} of {same.numel()}"
+    ok = db > MIN_SQNR_DB[what]
+    return Comparison(ok, note + ("" if ok else " TOO LOW"), db)
+
+
+def usable(path: str) -> bool:
+    """Whether this CPU (at the current ISA cap) takes the path at all."""
+    isa = ops.cpu_isa()
+    return {"int16": isa == "avx2", "amx": isa == "avx512_vnni" and ops.w8a8_amx_available(),
+            "w4-amx": isa == "avx512_vnni" and ops.w4a16_amx_available()}[path]
+
+
+def default_path() -> str:
+    return "amx" if usable("amx") else "int16"
+
+
+def _prepared_gemm(path: str, n: int, k: int, g: torch.Generator):
+    """The path's prepared op on random weights of N x K: a function of x."""
+    from compress.ops.reference import pack_int4, w4a16_prepare_cpu, w8a8_tile_cpu
+
+    if path == "w4-amx":
+        group = 128 if k % 128 == 0 else 32
+        prepared = w4a16_prepare_cpu(
+            pack_int4(torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)),
+            (torch.rand(n, k // group, generator=g) * 0.02 + 1e-3).half(),
+            torch.randint(0, 16, (n, k // group), generator=g, dtype=torch.uint8))
+        return lambda x: torch.ops.compress.w4a16_gemm_prepared(x, *prepared, group)
+    q = w8a8_tile_cpu(torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8))
+    s = torch.rand(n, generator=g) * 0.01 + 1e-3
+    return lambda x: torch.ops.compress.w8a8_gemm_prepared(x, q, s)
+
+
+def gemm_ab(path: str, m: int, n: int, k: int, rounds: int) -> GemmAB:
+    """One GEMM of M x K by N x K with the path on, off, and fp32 matmul, alternating
+    ``rounds`` times after an untimed warm-up round; the path's threshold is restored."""
+    which = PATHS[path]
+    default = which.get_rows()
+    g = torch.Generator().manual_seed(0)
+    gemm = _prepared_gemm(path, n, k, g)
+    x = torch.randn(m, k, generator=g)
+    wf = torch.randn(n, k, generator=g)
+    runs = {which.on: (1, lambda: gemm(x)), which.off: (NEVER, lambda: gemm(x)), "fp32": (default, lambda: x @ wf.t())}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    outs = {}
+    try:
+        for _ in range(rounds + 1):  # the first round warms up, untimed
+            for name, (rows, fn) in runs.items():
+                which.set_rows(rows)
+                t0 = time.perf_counter()
+                outs[name] = fn()
+                times[name].append(time.perf_counter() - t0)
+    finally:
+        which.set_rows(default)
+    rate = {name: m * n * k / statistics.median(t[1:]) / 1e9 for name, t in times.items()}
+    return GemmAB(m, n, k, rate, compare_outputs(outs[which.on], outs[which.off], which.exact))
+
+
+def format_gemm_ab(path: str, r: GemmAB) -> str:
+    on, off, rate = PATHS[path].on, PATHS[path].off, r.gmacs
+    return (f"M={r.m:4d} {r.n:6d}x{r.k:<6d} {on} {rate[on]:6.1f}  {off} {rate[off]:6.1f}  "
+            f"fp32 {rate['fp32']:6.1f} GMAC/s   {on}/{off} {rate[on] / rate[off]:.2f}  "
+            f"{on}/fp32 {rate[on] / rate['fp32']:.2f}  {off}/fp32 {rate[off] / rate['fp32']:.2f}"
+            f"{r.comparison.note}")
+
+
+def prefill_ab(checkpoint: str, path: str, prompt_lengths: list[int], rounds: int) -> list[PrefillAB]:
+    """Prefill of a packed checkpoint with the path on and off, per prompt length;
+    stops after the first length whose two sides' logits disagree."""
+    from compress.runtime.loading import open_checkpoint
+    from compress.runtime.model_runner import ModelRunner
+    from compress.runtime.models.llama import build_model
+
+    which = PATHS[path]
+    default = which.get_rows()
+    model = build_model(open_checkpoint(checkpoint))
+    results = []
+    try:
+        for length in prompt_lengths:
+            prompt = [(7 * i) % (model.vocab_size - 5) + 5 for i in range(length)]
+            times: dict[str, list[float]] = {which.on: [], which.off: []}
+            logits = {}
+            for _ in range(rounds + 1):  # the first round warms up, untimed
+                for name, rows in ((which.on, default), (which.off, NEVER)):
+                    which.set_rows(rows)
+                    runner = ModelRunner(model)
+                    t0 = time.perf_counter()
+                    logits[name] = runner.prefill([prompt], length + 1)
+                    times[name].append(time.perf_counter() - t0)
+            rate = {name: length / statistics.median(t[1:]) for name, t in times.items()}
+            results.append(PrefillAB(length, rate, compare_outputs(logits[which.on], logits[which.off],
+                                                                   which.exact, "logits")))
+            if not results[-1].comparison.ok:
+                break
+    finally:
+        which.set_rows(default)
+    return results
+
+
+def format_prefill_ab(path: str, r: PrefillAB) -> str:
+    on, off, rate = PATHS[path].on, PATHS[path].off, r.tokens_per_s
+    return (f"prefill {r.tokens:5d} tokens: {on} {rate[on]:7.1f}  {off} {rate[off]:7.1f} tok/s   "
+            f"{on}/{off} {rate[on] / rate[off]:.2f}{r.comparison.note.replace('OUTPUTS', 'LOGITS')}")
