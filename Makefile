@@ -30,7 +30,7 @@ quickstart: $(STAMP)
 # CUDA kernels: compiled for sm_80 and sm_90 with warnings as errors, 0 spills
 # (exit 77 = no nvcc on this machine: reported, not fatal), then the test suite.
 test: $(STAMP)
-	$(PY) scripts/check_cuda_build.py || test $$? -eq 77
+	$(PY) csrc/cuda/check_build.py || test $$? -eq 77
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)

@@ -5,12 +5,12 @@
 #   2. runs the GPU suite (the tests marked cuda): the kernels (tests/csrc/test_cuda_ops.py)
 #      and the runtime on CUDA (tests/runtime/test_cuda_runtime.py);
 #   3. if the CPU has AVX-512 VNNI, runs the CPU op tests natively on it;
-#   4. times the CUDA kernels (scripts/bench_cuda.py);
+#   4. times the CUDA kernels (compress bench cuda);
 #   5. cpubench: times the CPU kernels at 2 threads on this CPU;
 #   asan: the CPU op tests against an AddressSanitizer build of compress._C.
-# Logs go to $LOG_DIR (default ./gpu-logs). Usage: scripts/gpu_checks.sh [info|build|test|cpu|asan|bench|cpubench ...]
+# Logs go to $LOG_DIR (default ./gpu-logs). Usage: csrc/cuda/gpu_checks.sh [info|build|test|cpu|asan|bench|cpubench ...]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 LOG_DIR=$(mkdir -p "${LOG_DIR:-gpu-logs}" && cd "${LOG_DIR:-gpu-logs}" && pwd)
 PY=${PY:-python3}
 case $PY in */*) PY=$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY") ;; esac  # the asan step runs elsewhere
@@ -64,7 +64,7 @@ for step in "${steps[@]}"; do
       for f in "$LOG_DIR"/asan.*; do [ -e "$f" ] && { status=1; head -50 "$f"; }; done
       ;;
     bench)
-      $PY scripts/bench_cuda.py --json "$LOG_DIR/bench_cuda.json" 2>&1 | tee "$LOG_DIR/bench_cuda.log" | tail -60
+      $PY -m compress.cli bench cuda --json "$LOG_DIR/bench_cuda.json" 2>&1 | tee "$LOG_DIR/bench_cuda.log" | tail -60
       ;;
     cpubench)
       # the CPU kernels at 2 threads on this CPU (VNNI where it has it) against torch

@@ -14,9 +14,9 @@
 # then builds compress._C with -fsanitize=address and runs the CPU op and decode tests
 # (every ISA: the emulated VNNI, AVX2, scalar). Slow: ~5 min to build on 2 cores.
 #
-#   scripts/check_vnni_emulated.sh [pytest args, default: the op and decode-layer tests]
+#   csrc/cpu/tests/check_vnni_emulated.sh [pytest args, default: the op and decode-layer tests]
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."
 REPO=$PWD
 PY=${PY:-$REPO/.venv/bin/python}
 TREE=${TREE:-build/vnni-emulated}

@@ -8,8 +8,8 @@ that the torch bindings (csrc/cuda/bindings/*.cpp) compile: a syntax-only g++ pa
 against the installed torch headers and the CUDA toolkit headers (a CPU build of torch
 lacks the one generated header c10/cuda/impl/cuda_cmake_macros.h; a stub is supplied).
 
-    python scripts/check_cuda_build.py            # sm_80 + sm_90, kernels + bindings
-    python scripts/check_cuda_build.py --arch 80 86 89 90 --no-bindings
+    python csrc/cuda/check_build.py            # sm_80 + sm_90, kernels + bindings
+    python csrc/cuda/check_build.py --arch 80 86 89 90 --no-bindings
 
 Results are cached under build/cuda_check/ keyed by the sources and flags, so a rerun
 with nothing changed is instant. Exit status: 0 ok, 1 failure, 77 nvcc missing.
@@ -28,7 +28,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CUDA_DIR = REPO / "csrc" / "cuda"
 BUILD = REPO / "build" / "cuda_check"
 NVCC_FLAGS = ["-std=c++20", "-O3", "--expt-relaxed-constexpr", "-Xptxas", "-v", "-Werror", "all-warnings",
