@@ -23,7 +23,10 @@ from compress.errors import UserError
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-HUB_ALLOW_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.jinja", "*.yaml"]
+# config, weights and every tokenizer file (sentencepiece *.model, tiktoken, vocab/merges
+# .txt, chat templates); never pickles
+HUB_ALLOW_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt", "*.jinja",
+                      "additional_chat_templates/*", "*.yaml"]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 _SUPPORTED_CT_FORMATS = {"pack-quantized", "int-quantized", "naive-quantized", "mixed-precision", "dense"}
 

@@ -1,4 +1,5 @@
-"""On-disk tensor formats: canonical ``QuantizedWeight`` tensors <-> checkpoint tensors.
+"""On-disk tensor formats: canonical ``QuantizedWeight`` tensors <-> checkpoint tensors
+(the whole checkpoint format, manifest included: ``compress/io/FORMAT.md``).
 
 One codec per weight scheme, each following an ecosystem format so that other tools
 can read what we write:
@@ -21,25 +22,8 @@ can read what we write:
   unsigned ``zeros[n, j]``. When every zero is 8 the layer is symmetric and the zero
   point is not written (``symmetric: true`` in its config group).
 
-  Why an asymmetric checkpoint failed to load in transformers 5.23 + compressed-tensors
-  0.20 ("zero-point shape mismatch"): with the default ``dequantize=False`` route,
-  transformers builds the model on the meta device, calls
-  ``apply_quantization_config`` (which registers ``weight_zero_point`` with the
-  *unpacked* shape ``[N, K/g]``, int8) and then ``ModelCompressor.compress_model``.
-  ``PackedQuantizationCompressor.compress`` has a separate early-return branch for
-  meta tensors that creates ``weight_packed``/``weight_shape`` but never packs the zero
-  point (only the non-meta branch calls ``pack_to_int32(zero_point, packed_dim=0)``).
-  The model therefore expects ``[N, K/g]`` while every correctly written checkpoint
-  holds the packed ``[ceil(N/8), K/g]`` int32 tensor, and ``from_pretrained`` aborts
-  on the size mismatch. No other layout helps: an unpacked zero point would load but
-  then fail in ``decompress`` (``unpack_from_int32`` requires int32 packed data). The
-  ``dequantize=True`` route (``CompressedTensorsDequantize``: decompress each module's
-  serialized tensors while loading) unpacks the zero point correctly and is exact.
-  So we keep the standard layout (what vLLM / llm-compressor expect) and, when a
-  checkpoint has asymmetric int4 layers, write ``"dequantize": true`` into its
-  ``quantization_config``: transformers reads it as the loading attribute (a user can
-  still override it), and compressed-tensors' pydantic ``QuantizationConfig`` ignores
-  unknown keys (``extra="ignore"``), so other readers are unaffected.
+  An export with asymmetric int4 layers carries ``"dequantize": true`` in its
+  ``quantization_config`` so transformers + compressed-tensors load it (why: FORMAT.md).
 
 * ``w8a8`` -> compressed-tensors ``int-quantized``: ``<m>.weight`` int8 [N, K],
   ``<m>.weight_scale`` [N, 1]; weights int8 channel symmetric, input activations dynamic

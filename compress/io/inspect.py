@@ -61,7 +61,9 @@ def inspect_checkpoint(path: str | os.PathLike, verify: bool = True) -> dict:
         shapes = {k: header[v][1] for k, v in locs.items()}
         nbytes = sum(_nbytes(header[v][0], header[v][1]) for v in locs.values())
         if scheme == "w4a16":
-            n, k = shapes["weight_packed"][0], shapes["weight_packed"][1] * 8
+            # K from the manifest when it says (a per-channel row's packed words round K up to 8)
+            n = shapes["weight_packed"][0]
+            k = int(mlayers.get(mod, {}).get("meta", {}).get("in_features") or shapes["weight_packed"][1] * 8)
             meta = {"group_size": k // max(1, shapes["weight_scale"][-1]),
                     "symmetric": "weight_zero_point" not in locs}
         else:

@@ -87,3 +87,15 @@ def test_checkpoint_without_manifest_reads_as_channel():
     local["weight_shape"] = torch.tensor([16, 180])   # 180 needs 23 words, not 22
     with pytest.raises(CheckpointFormatError, match=r"'m\.weight_shape' \[16, 180\] does not match weight_packed"):
         decode_quantized("m", "w4a16", local)
+
+
+def test_inspect_reports_the_true_k_of_a_per_channel_layer(tmp_path, mlp_172):
+    """The packed words round K = 172 up to 176; inspect reports 172 and bits per weight over it."""
+    from compress.io.inspect import inspect_checkpoint
+
+    cfg, sd = mlp_172
+    dense, q = split_model(sd, {m: int4_per_channel for m in all_linears()})
+    info = inspect_checkpoint(export_checkpoint(tmp_path / "m", cfg, dense, q))
+    layer = info["layers"]["model.layers.0.mlp.down_proj"]
+    assert layer["shape"] == [256, 172]
+    assert layer["bits_per_weight"] == round(8 * layer["bytes"] / (256 * 172), 4)
