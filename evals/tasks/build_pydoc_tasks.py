@@ -22,7 +22,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-DOC_SEP = "\n\n\n"          # how scripts/pydoc_corpus.py joins documents
+DOC_SEP = "\n\n\n"          # how data/pydoc/make_corpus.py joins documents
 SEED = 20240601
 PPL_DOCS = 300
 CLOZE_ITEMS = 300

@@ -2,17 +2,20 @@
 """Train the project's embedded default model on Python stdlib docstrings.
 
 Pipeline (CPU only, fully offline, seeded):
-  1. extract the corpus with ``pydoc_corpus`` and (re)write ``data/pydoc/calib.txt``,
+  1. extract the corpus with ``data/pydoc/make_corpus.py`` and (re)write ``data/pydoc/calib.txt``,
      ``data/pydoc/eval.txt`` and the (uncommitted) training text;
   2. train a byte-level BPE tokenizer (vocab 4096) on the training text;
   3. train a small Llama (or Qwen2) causal LM from scratch;
   4. evaluate perplexity on ``eval.txt`` and save everything atomically.
 
 Examples:
-  python scripts/train_default_model.py --data-only
-  python scripts/train_default_model.py --output models/pydoc-llama --steps 900 --batch-size 4
-  python scripts/train_default_model.py --eval-only --output models/pydoc-llama
-  python scripts/train_default_model.py --arch qwen2 --steps 5 --output /tmp/pydoc-qwen2
+  python models/pydoc-llama/train.py --data-only
+  python models/pydoc-llama/train.py --output models/pydoc-llama --steps 900 --batch-size 4
+  python models/pydoc-llama/train.py --eval-only --output models/pydoc-llama
+  python models/pydoc-llama/train.py --arch qwen2 --steps 5 --output /tmp/pydoc-qwen2
+
+Saving replaces the --output directory as a whole; this script, when it lives there
+(the default output), is carried over into the new one.
 """
 
 from __future__ import annotations
@@ -33,10 +36,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import pydoc_corpus  # noqa: E402
-
-REPO = Path(__file__).resolve().parent.parent
+SCRIPT = Path(__file__).resolve()
+REPO = SCRIPT.parents[2]
+sys.path.insert(0, str(REPO / "data" / "pydoc"))
+import make_corpus  # noqa: E402
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]  # ids 0..3
 ARCH = dict(
     vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
@@ -74,14 +77,7 @@ def parse_args(argv=None):
 
 # ----------------------------------------------------------------------------- data
 def write_data(args) -> dict[str, list[str]]:
-    corpus = pydoc_corpus.build_corpus()
-    pydoc_corpus.write_split(corpus["calib"], args.data_dir / "calib.txt")
-    pydoc_corpus.write_split(corpus["eval"], args.data_dir / "eval.txt")
-    pydoc_corpus.write_split(corpus["train"], args.train_text)
-    for name in pydoc_corpus.SPLITS:
-        docs = corpus[name]
-        print(f"{name}: {len(docs)} docs, {sum(map(len, docs)) / 1e3:.0f} KB")
-    return corpus
+    return make_corpus.write_data(args.data_dir, args.train_text)
 
 
 # ------------------------------------------------------------------------ tokenizer
@@ -232,7 +228,7 @@ model of the quantization workbench. It writes Python-documentation-style Englis
 * **Eval perplexity** on `data/pydoc/eval.txt`: **{ppl:.2f}** (calib.txt: {calib_ppl:.2f}).
   Whole file tokenized as one stream (`<s>` + text), non-overlapping 256-token windows,
   mean NLL over all predicted tokens. Measure with:
-  `python scripts/train_default_model.py --eval-only --output {out_rel}`
+  `python models/pydoc-llama/train.py --eval-only --output {out_rel}`
 
 Use:
 
@@ -346,7 +342,7 @@ def main(argv=None) -> None:
     print(f"final train loss {final_loss:.4f}  eval ppl {ppl:.2f}  calib ppl {calib_ppl:.2f}  "
           f"tokens {tokens_seen:,}  train time {train_s / 60:.1f} min")
 
-    command = "python scripts/train_default_model.py " + " ".join(
+    command = "python models/pydoc-llama/train.py " + " ".join(
         a if not a.startswith("/") else rel(Path(a)) for a in (argv if argv is not None else sys.argv[1:]))
     card = MODEL_CARD.format(
         arch=args.arch, family={"llama": "Llama", "qwen2": "Qwen2"}[args.arch], n_params=n_params / 1e6,
@@ -365,6 +361,8 @@ def main(argv=None) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         save_tokenizer(tokenizer, tmp)
         (tmp / "README.md").write_text(card)
+        if SCRIPT.parent == args.output.resolve():  # the directory is replaced: keep this script in it
+            shutil.copy2(SCRIPT, tmp / SCRIPT.name)
         for f in tmp.iterdir():
             f.chmod(0o644)
 

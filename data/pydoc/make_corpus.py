@@ -1,4 +1,14 @@
-"""Extract an English text corpus from the Python standard library's docstrings.
+"""Extract an English text corpus from the Python standard library's docstrings: the
+embedded model's data (this directory's calib.txt and eval.txt, and the uncommitted
+training text)::
+
+    python data/pydoc/make_corpus.py              # (re)write calib.txt, eval.txt, out/pydoc/train.txt
+    python data/pydoc/make_corpus.py --site-packages 2.0 --output /tmp/site-docs.txt
+
+The second form writes held-out text in the same domain (English API documentation)
+that no compress model trains or calibrates on: docstrings of the Python packages
+installed beside this interpreter, cleaned the same way (e.g. the ``--text`` of
+``compress eval PATH --base BASE --bootstrap OTHER``).
 
 The stdlib sources are parsed with ``ast`` (modules are never imported) and every
 module, class and function docstring is collected, lightly cleaned and
@@ -14,6 +24,7 @@ never contains two consecutive blank lines itself.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import hashlib
 import inspect
@@ -22,6 +33,8 @@ import sysconfig
 import warnings
 from pathlib import Path
 
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
 DOC_SEP = "\n\n\n"
 SPLITS = ("train", "calib", "eval")
 
@@ -152,8 +165,54 @@ def read_docs(path: Path) -> list[str]:
     return [d.strip() for d in path.read_text(encoding="utf-8").split(DOC_SEP) if d.strip()]
 
 
-if __name__ == "__main__":
+def site_packages_text(megabytes: float) -> str:
+    """Deterministic sample of the installed packages' docstrings (files in SHA-1 order
+    of their relative paths, test directories skipped), about ``megabytes`` MB."""
+    root = Path(sysconfig.get_paths()["purelib"])
+    files = sorted(root.rglob("*.py"), key=lambda p: hashlib.sha1(p.relative_to(root).as_posix().encode()).hexdigest())
+    docs, seen, size = [], set(), 0
+    for path in files:
+        if any(part in ("tests", "test", "testing") for part in path.relative_to(root).parts):
+            continue
+        for doc in file_docstrings(path):
+            if doc not in seen:
+                seen.add(doc)
+                docs.append(doc)
+                size += len(doc)
+        if size >= megabytes * 1e6:
+            break
+    return DOC_SEP.join(docs)
+
+
+def write_data(data_dir: Path = HERE, train_text: Path = REPO / "out/pydoc/train.txt") -> dict[str, list[str]]:
+    """(Re)write ``data_dir``'s calib.txt and eval.txt and the training text; returns the corpus."""
     corpus = build_corpus()
-    for name, docs in corpus.items():
-        n = sum(len(d) for d in docs)
-        print(f"{name}: {len(docs)} docs, {n / 1e6:.2f} MB")
+    write_split(corpus["calib"], data_dir / "calib.txt")
+    write_split(corpus["eval"], data_dir / "eval.txt")
+    write_split(corpus["train"], train_text)
+    for name in SPLITS:
+        docs = corpus[name]
+        print(f"{name}: {len(docs)} docs, {sum(map(len, docs)) / 1e3:.0f} KB")
+    return corpus
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data-dir", type=Path, default=HERE, help="where calib.txt / eval.txt are written")
+    p.add_argument("--train-text", type=Path, default=REPO / "out/pydoc/train.txt",
+                   help="where the (uncommitted) training text is written")
+    p.add_argument("--site-packages", type=float, metavar="MB",
+                   help="instead: write this many MB of the installed packages' docstrings to --output")
+    p.add_argument("--output", type=Path, help="the file --site-packages writes")
+    args = p.parse_args(argv)
+    if args.site_packages is None:
+        write_data(args.data_dir, args.train_text)
+        return
+    if args.output is None:
+        p.error("--site-packages needs --output FILE")
+    write_split([site_packages_text(args.site_packages)], args.output)
+    print(f"wrote {args.output} ({args.output.stat().st_size / 1e6:.2f} MB)")
+
+
+if __name__ == "__main__":
+    main()
