@@ -7,11 +7,11 @@ llm-compressor pulls another transformers, so it lives in its own venv:
   python -m venv /tmp/llmc-venv
   /tmp/llmc-venv/bin/pip install llmcompressor torch==2.13.0     # pin: keeps the CPU torch
 
-  .venv/bin/python scripts/bench_llmcompressor_awq.py --model models/pydoc-llama \\
+  .venv/bin/python quantizers/lab/awq_vs_llmcompressor.py --model models/pydoc-llama \\
       --llmc-python /tmp/llmc-venv/bin/python
 
 How: this process (our venv) tokenizes the calibration windows (``load_calibration_ids``,
-the recipe's sampler) and the eval stream once and saves them; a worker process in the
+the recipe's sampler) and the eval stream once and saves them (safetensors); a worker process in the
 llm-compressor venv runs ``oneshot`` with ``AWQModifier()`` + ``QuantizationModifier(scheme="W4A16_ASYM")`` on exactly
 those ids and scores the fake-quantized model on the same eval ids; then we run our
 ``apply_awq`` (asymmetric int4, same group size) and score it the same way.
@@ -35,12 +35,12 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @torch.no_grad()
 def perplexity(model, stream: torch.Tensor, seq_len: int = 256, batch_size: int = 8) -> float:
-    """Non-overlapping windows; the ragged tail window is scored alone (same as eval_quantizers)."""
+    """Non-overlapping windows; the ragged tail window is scored alone."""
     windows = [stream[i:i + seq_len] for i in range(0, len(stream), seq_len)]
     windows = [w for w in windows if len(w) > 1]
     nll, count = 0.0, 0
@@ -63,7 +63,9 @@ def perplexity(model, stream: torch.Tensor, seq_len: int = 256, batch_size: int 
 def worker(args) -> None:
     """Runs inside the llm-compressor venv."""
     torch.set_num_threads(args.threads)
-    data = torch.load(args.data, weights_only=True)
+    from safetensors.torch import load_file
+
+    data = load_file(args.data)
     calib, stream = data["calib"], data["eval"]
 
     from llmcompressor.pipelines.cache import IntermediatesCache
@@ -137,8 +139,10 @@ def main(argv=None) -> None:
     if args.max_eval_tokens:
         stream = stream[:args.max_eval_tokens]
     with tempfile.TemporaryDirectory() as tmp:
-        data, result = Path(tmp) / "ids.pt", Path(tmp) / "llmc.json"
-        torch.save({"calib": calib, "eval": stream}, data)
+        from safetensors.torch import save_file
+
+        data, result = Path(tmp) / "ids.safetensors", Path(tmp) / "llmc.json"
+        save_file({"calib": calib.contiguous(), "eval": stream.contiguous()}, str(data))
         cmd = [args.llmc_python, __file__, "--worker", "--model", str(model_dir), "--data", str(data),
                "--result", str(result), "--group-size", str(args.group_size), "--threads", str(args.threads)]
         print("llm-compressor:", " ".join(cmd), flush=True)
