@@ -84,7 +84,7 @@ def set_w8a8_int16_min_rows(rows: int) -> int:
     """Fewest rows (M) for which the W8A8 ops on AVX2 without VNNI take the int16 GEMM
     instead of the byte tiles (default 16; csrc/cpu/w8a8_i16_avx2.inc); returns the
     previous value. Both give the same bits: a tuning knob, and what
-    scripts/ab_many_rows.py uses to time one against the other."""
+    csrc/cpu/lab/ab_many_rows.py uses to time one against the other."""
     return _cpu_module().set_w8a8_int16_min_rows(int(rows))
 
 
@@ -97,7 +97,7 @@ def set_w8a8_amx_min_rows(rows: int) -> int:
     """Fewest rows (M) for which the W8A8 ops at the avx512_vnni level take the AMX-INT8
     tiles instead of the VNNI tiles, where the CPU and OS allow AMX (default 16, never one row;
     csrc/cpu/w8a8_amx.inc); returns the previous value. Both give the same bits: a
-    tuning knob, and what scripts/ab_many_rows.py --path amx uses to time one against the other."""
+    tuning knob, and what csrc/cpu/lab/ab_many_rows.py --path amx uses to time one against the other."""
     return _cpu_module().set_w8a8_amx_min_rows(int(rows))
 
 

@@ -75,8 +75,8 @@ void w4_avx512vnni(const W4Args& a, int64_t m0, int64_t m1, int64_t n0, int64_t 
 #pragma GCC pop_options
 
 // ---- AMX-BF16 (on top of the AVX-512 VNNI level), many rows -------------------------
-// Not in the SIMDe build of scripts/check_vnni_emulated.sh (no AMX to emulate, and no
-// vcvtne2ps2bf16 in SIMDe); there amx_bf16_available() is false.
+// Not in the SIMDe build of csrc/cpu/tests/check_vnni_emulated.sh (no AMX to emulate,
+// and no vcvtne2ps2bf16 in SIMDe); there amx_bf16_available() is false.
 #ifndef COMPRESS_ISA_EMULATION
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")

@@ -17,13 +17,14 @@ at::Tensor run(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor&
 
 // Fewest rows for which the AVX2 path takes the int16 GEMM (w8a8_i16_avx2.inc) instead
 // of the byte tiles (default kI16MinRows); returns the previous value. A tuning knob:
-// both give the same bits, and scripts/ab_many_rows.py times one against the other.
+// both give the same bits, and csrc/cpu/lab/ab_many_rows.py times one against the other.
 int64_t set_int16_min_rows(int64_t rows);
 int64_t int16_min_rows();  // the current value
 
 // Fewest rows for which the AVX-512 VNNI level takes the AMX-INT8 tiles (w8a8_amx.inc)
 // where the CPU and the OS allow them (amx_int8_available); the same bits as the VNNI tiles.
-// Returns the previous value; scripts/ab_many_rows.py --path amx times one against the other.
+// Returns the previous value; csrc/cpu/lab/ab_many_rows.py --path amx times one against
+// the other.
 int64_t set_amx_min_rows(int64_t rows);
 int64_t amx_min_rows();
 

@@ -27,7 +27,7 @@
 // SIMDe 0.8.2 lacks _mm512_reduce_add_epi32: the sum of the 16 int32 lanes (wrapping,
 // as the instruction sequence the compiler emits for it wraps). Under its own name, so it
 // does not clash with the compiler's declaration where <x86intrin.h> came first
-// (scripts/check_vnni_emulated.sh).
+// (csrc/cpu/tests/check_vnni_emulated.sh).
 #define _mm512_reduce_add_epi32 compress_emu_reduce_add_epi32
 static inline int32_t compress_emu_reduce_add_epi32(simde__m512i v) {
   int32_t lanes[16];
