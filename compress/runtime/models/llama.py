@@ -286,7 +286,7 @@ def layer_windows(config, arch: ArchSpec) -> list[int | None]:
     return [None] * n
 
 
-class _Tensors:
+class CheckpointTensors:
     """Fetches named tensors from a checkpoint, moved to device (floats cast to dtype)."""
 
     def __init__(self, ckpt, dtype: torch.dtype, device):
@@ -335,7 +335,7 @@ def build_model(ckpt, dtype: torch.dtype = torch.float32, device="cpu", kernels:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
     eps = config.rms_norm_eps
     max_seq_len = max_seq_len or getattr(config, "max_position_embeddings", 4096)
-    tensors = _Tensors(ckpt, dtype, device)
+    tensors = CheckpointTensors(ckpt, dtype, device)
 
     layers = []
     for i, window in enumerate(layer_windows(config, arch)):
