@@ -34,3 +34,23 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# the tiny model `compress bench make-model` writes for the bench tests (tests/bench)
+TINY_BENCH_SHAPE = dict(hidden=128, layers=2, intermediate=256, heads=4, kv_heads=2, vocab=512, max_positions=256)
+
+
+@pytest.fixture(scope="session")
+def tiny_bench_shape() -> dict:
+    """make_bench_model's shape arguments of ``tiny_bench_model``."""
+    return dict(TINY_BENCH_SHAPE)
+
+
+@pytest.fixture(scope="session")
+def tiny_bench_model(tmp_path_factory) -> dict:
+    """{"hf", "rtn-int4", "rtn-int8"} -> path: a tiny ``compress bench make-model`` output
+    (no tokenizer)."""
+    from compress.bench.make_model import make_bench_model
+
+    return make_bench_model(tmp_path_factory.mktemp("bench-model") / "tiny", **TINY_BENCH_SHAPE,
+                            tokenizer_from=None, sentencepiece=False, log=lambda *_: None)
