@@ -30,6 +30,10 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_eval(args) -> int:
+    if args.bootstrap:
+        from evals.bootstrap import bootstrap_command
+
+        return bootstrap_command(args)
     from evals.evaluate import EvalConfig, KLConfig, PerplexityConfig, SpeedConfig, evaluate_checkpoint
     from compress.io.files import atomic_write_text
     from evals.report import render_markdown
@@ -112,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--threads", type=int, default=None)
     e.add_argument("--kernels", choices=["native", "reference"], default="native")
     e.add_argument("--json", help="also write the record to this file")
+    e.add_argument("--bootstrap", nargs="+", metavar="OTHER",
+                   help="instead of the evaluation: PATH's perplexity gap to --base as a share of each OTHER's, "
+                        "on non-overlapping --seq-len windows of --text, with a bootstrap interval over the "
+                        "windows (--kernels reference scores W4A16 exactly)")
+    e.add_argument("--bootstrap-reps", type=int, default=2000, help="bootstrap resamplings")
+    e.add_argument("--bootstrap-seed", type=int, default=0)
+    e.add_argument("--bootstrap-level", type=float, default=0.9, help="the interval's coverage")
     e.set_defaults(func=_cmd_eval)
 
     g = sub.add_parser("generate", help="generate text with the bundled runtime")

@@ -55,7 +55,7 @@ class AWQConfig:
     clip_tokens: int = 512            # calibration tokens used by the clip search
     # calibration tokens the scale search scores (0 = all of them, as AutoAWQ does). On
     # ~670k held-out tokens all 32k calibration tokens beat an 8,192-token subset on both
-    # families (scripts/gap_bootstrap.py; figures in examples/quantizers.yaml)
+    # families (compress eval --bootstrap; figures in examples/quantizers.yaml)
     search_tokens: int = 0
     targets: list[str] = field(default_factory=lambda: ["re:.*layers\\.\\d+\\..*"])
     ignore: list[str] = field(default_factory=list)
