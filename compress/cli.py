@@ -34,18 +34,22 @@ def _cmd_eval(args) -> int:
         from evals.bootstrap import bootstrap_command
 
         return bootstrap_command(args)
-    from evals.evaluate import EvalConfig, KLConfig, PerplexityConfig, SpeedConfig, evaluate_checkpoint
+    from evals.backend import max_context
+    from evals.evaluate import (EvalConfig, KLConfig, PerplexityConfig, SpeedConfig,
+                                check_eval_against_context, evaluate_checkpoint)
     from compress.io.files import atomic_write_text
     from evals.report import render_markdown
 
-    ppl = PerplexityConfig(seq_len=args.seq_len, stride=args.seq_len // 2)
+    ppl = PerplexityConfig(seq_len=args.seq_len)   # None: sized to the model's context
     if args.text:
         ppl.file = args.text
     kl = KLConfig(file=ppl.file, seq_len=args.seq_len) if args.base else None
     cfg = EvalConfig(perplexity=ppl, kl=kl, speed=None if args.no_speed else SpeedConfig(),
                      threads=args.threads, kernels=args.kernels, task_limit=args.limit,
-                     **({} if args.tasks is None else {"tasks": args.tasks}))
-    cfg.validate()
+                     tasks=args.tasks)
+    for path in filter(None, (args.base, args.path)):
+        if Path(path, "config.json").is_file():
+            check_eval_against_context(cfg, max_context(path), where=f"{path}: eval")
     records, cache = [], {}
     if args.base:
         records.append(evaluate_checkpoint(args.base, cfg, cache, name="base"))
@@ -53,7 +57,11 @@ def _cmd_eval(args) -> int:
     print(render_markdown(records, title=f"compress eval: {args.path}"))
     if args.json:
         atomic_write_text(args.json, json.dumps(records if args.base else records[0], indent=2, default=str))
-    return 0
+    failed = [f"{r['name']} {cell}" for r in records for cell in r.get("errors", {})]
+    if failed:
+        print(f"compress eval: {len(failed)} cell(s) could not be measured: {', '.join(failed)}",
+              file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _cmd_generate(args) -> int:
@@ -108,8 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="evaluate a checkpoint (exported or plain Hugging Face)")
     e.add_argument("path")
     e.add_argument("--text", help="text file for perplexity (default: the shipped held-out pydoc text)")
-    e.add_argument("--seq-len", type=int, default=256)
-    e.add_argument("--tasks", nargs="*", default=None, help="lm-eval tasks (local ones by default)")
+    e.add_argument("--seq-len", type=int, default=None,
+                   help="perplexity and KL window length (default: 512 and 256, or the model's context if shorter)")
+    e.add_argument("--tasks", nargs="*", default=[],
+                   help="lm-eval tasks (default: none; pydoc_cloze pydoc_ppl are the embedded model's)")
     e.add_argument("--limit", type=int, default=None, help="examples per task")
     e.add_argument("--base", help="a base checkpoint to compute KL divergence against")
     e.add_argument("--no-speed", action="store_true")

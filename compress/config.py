@@ -35,6 +35,9 @@ def _coerce(value: Any, tp, where: str) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
+        alternatives = [a for a in args if a is not type(None)]
+        if len(alternatives) == 1:  # Optional[X]: X's own error, which names the inner key
+            return _coerce(value, alternatives[0], where)
         errors = []
         for arg in args:
             if arg is type(None):

@@ -119,11 +119,16 @@ def run_recipe(recipe: Recipe, output: Path | None = None, evaluate: bool = True
                               progress, log)
     write_report(records, output, title=f"compress report: {recipe.name}",
                  machine={**machine_info(torch.get_num_threads()), "recipe": str(recipe.path), "seed": recipe.seed})
-    return {"stages": records, "report": str(output / "report.md")}
+    failed = [f"{r['name']} {cell}" for r in records for cell in r.get("errors", {})]
+    if failed:
+        log(f"[eval] {len(failed)} cell(s) could not be measured ({', '.join(failed)}): "
+            f"see Errors in {output / 'report.md'}")
+    return {"stages": records, "report": str(output / "report.md"), "failed_cells": failed}
 
 
 def evaluate_stages(recipe: Recipe, stages: list[tuple[str, str]], progress: bool = True, log=print) -> list[dict]:
-    """One record per (name, checkpoint dir); the first is the base and the KL reference."""
+    """One record per (name, checkpoint dir); the first is the base and the KL reference.
+    A measurement that fails is recorded in its record's ``errors``; the others go on."""
     from evals.evaluate import evaluate_checkpoint
 
     cfg = dataclasses.replace(recipe.eval, progress=progress)

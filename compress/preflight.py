@@ -49,7 +49,11 @@ def context_length(config) -> int | None:
 def preflight(recipe) -> list[str]:
     """Run every check the model's config allows; returns notes for the user (what was
     and was not checked). Raises ConfigError at the first problem."""
+    from evals.eval_config import check_eval_against_context
+
     config = model_config(recipe)
+    check_eval_against_context(recipe.eval, context_length(config) if config is not None else None,
+                               where=f"{recipe.path}: eval", resolve=recipe.resolve)
     if config is None:
         return [f"model {recipe.model.path!r} is not a local directory: shapes are checked when it loads"]
     model = meta_model(config)

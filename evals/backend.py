@@ -112,6 +112,38 @@ def max_context(path: str | Path, tokenizer=None, default: int = 2048) -> int:
     return default
 
 
+def model_context(llm, path: str | Path | None = None) -> int:
+    """How many positions ``llm`` can take: the runtime's ``max_seq_len``, else the
+    checkpoint's config (:func:`max_context`)."""
+    n = getattr(llm, "max_seq_len", None)
+    if isinstance(n, int) and n > 0:
+        return n
+    return max_context(path or getattr(llm, "path", "."), getattr(llm, "tokenizer", None))
+
+
+def quiet_bitsandbytes_import(path: str | Path) -> None:
+    """Import bitsandbytes with its warnings off when transformers will need it for the
+    checkpoint at ``path`` (an LLM.int8 export): on a CPU its import logs that an optional
+    4-bit kernel package is missing, which says nothing about an int8 model."""
+    import json
+    import sys
+    cfg_file = Path(path) / "config.json"
+    if "bitsandbytes" in sys.modules or not cfg_file.is_file():
+        return
+    quant = json.loads(cfg_file.read_text()).get("quantization_config") or {}
+    if quant.get("quant_method") != "bitsandbytes":
+        return
+    bnb_log = logging.getLogger("bitsandbytes")
+    level = bnb_log.level
+    bnb_log.setLevel(logging.ERROR)
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        pass                 # transformers says what to install
+    finally:
+        bnb_log.setLevel(level)
+
+
 class TransformersLLM:
     """``transformers`` behind the runtime's method names (reference backend)."""
 
@@ -120,6 +152,7 @@ class TransformersLLM:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         if threads:
             torch.set_num_threads(int(threads))
+        quiet_bitsandbytes_import(path)
         self.path = Path(path)
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))

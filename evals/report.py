@@ -18,15 +18,16 @@ import torch
 
 from compress.io.files import atomic_write_text
 
-COLUMNS = [  # (key, header, format)
-    ("size_bytes", "size", "size"),
-    ("bits_per_weight", "bits/weight", "{:.2f}"),
-    ("perplexity", "perplexity", "{:.3f}"),
-    ("kl_to_base", "KL to base (nats)", "{:.5f}"),
-    ("top1_agreement", "top-1 agree", "{:.2%}"),
-    ("prefill_tok_s", "prefill tok/s", "{:,.0f}"),
-    ("decode_tok_s", "decode tok/s", "{:,.1f}"),
+COLUMNS = [  # (key, header, format, the cell of the record's "errors" that fills it)
+    ("size_bytes", "size", "size", "size"),
+    ("bits_per_weight", "bits/weight", "{:.2f}", "size"),
+    ("perplexity", "perplexity", "{:.3f}", "perplexity"),
+    ("kl_to_base", "KL to base (nats)", "{:.5f}", "kl"),
+    ("top1_agreement", "top-1 agree", "{:.2%}", "kl"),
+    ("prefill_tok_s", "prefill tok/s", "{:,.0f}", "speed"),
+    ("decode_tok_s", "decode tok/s", "{:,.1f}", "speed"),
 ]
+ERROR_CELL = "error"
 
 COLUMN_NOTES = {
     "size": "bytes on disk of the stage's checkpoint weights (safetensors files)",
@@ -82,15 +83,46 @@ def _task_metrics(stages: list[dict]) -> list[tuple[str, str]]:
     return sorted(seen, key=lambda tm: (tm[0], order.get(tm[1], len(order)), tm[1]))
 
 
+def _failed(stage: dict, cell: str) -> bool:
+    errors = stage.get("errors") or {}
+    return cell in errors or (cell != "size" and "load" in errors)
+
+
+def _error_message(error) -> str:
+    return error.get("message", "") if isinstance(error, dict) else str(error)
+
+
+def _settings_line(stages: list[dict]) -> str | None:
+    """The context-dependent settings the first evaluated stage ran with."""
+    s = next((s for s in stages if s.get("eval_settings")), None)
+    if s is None:
+        return None
+    parts, cfg = [], s["eval_settings"]
+    if cfg.get("perplexity"):
+        p = cfg["perplexity"]
+        parts.append(f"perplexity windows of {p['seq_len']} tokens, stride {p['stride']}")
+    if cfg.get("kl"):
+        parts.append(f"KL over {cfg['kl']['windows']} windows of {cfg['kl']['seq_len']} tokens")
+    if cfg.get("speed"):
+        parts.append(f"speed: {cfg['speed']['prompt_len']}-token prompt, {cfg['speed']['new_tokens']} new tokens")
+    context = f" (model context: {s['context']} tokens)" if s.get("context") else ""
+    return "; ".join(parts) + context + "." if parts else None
+
+
 def render_markdown(stages: list[dict], title: str = "compress report",
                     machine: dict | None = None) -> str:
     lines = [f"# {title}", ""]
-    head = ["stage"] + [h for _, h, _ in COLUMNS]
+    head = ["stage"] + [h for _, h, _, _ in COLUMNS]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in stages:
-        cells = [f"`{s.get('name', '?')}`"] + [_fmt(s.get(k), f) for k, _, f in COLUMNS]
+        cells = [f"`{s.get('name', '?')}`"] + [
+            ERROR_CELL if s.get(k) is None and _failed(s, cell) else _fmt(s.get(k), f)
+            for k, _, f, cell in COLUMNS]
         lines.append("| " + " | ".join(cells) + " |")
     tm = _task_metrics(stages)
+    failed_tasks = sorted({c.partition(".")[2] for s in stages for c in (s.get("errors") or {})
+                           if c.startswith("tasks.")} - {t for t, _ in tm})
+    tm += [(t, "—") for t in failed_tasks]
     if tm:
         lines += ["", "## Tasks (lm-eval)", ""]
         head = ["task", "metric"] + [s.get("name", "?") for s in stages]
@@ -100,17 +132,29 @@ def render_markdown(stages: list[dict], title: str = "compress report",
             for s in stages:
                 row = (s.get("tasks") or {}).get(task, {})
                 v, err = row.get(metric), row.get(f"{metric}_stderr")
+                if v is None and _failed(s, f"tasks.{task}"):
+                    cells.append(ERROR_CELL)
+                    continue
                 cell = _fmt(v, "{:.4f}")
                 if isinstance(err, (int, float)) and not math.isnan(err) and v is not None:
                     cell += f" ± {err:.4f}"
                 cells.append(cell)
             lines.append("| " + " | ".join(cells) + " |")
+    errors = [(s.get("name", "?"), cell, _error_message(e)) for s in stages
+              for cell, e in (s.get("errors") or {}).items()]
+    if errors:
+        lines += ["", "## Errors", "", "Cells marked `error` could not be measured (tracebacks "
+                  "in report.json); every other cell was.", ""]
+        lines += [f"- `{n}` {cell}: {msg}" for n, cell, msg in errors]
     paths = [(s.get("name"), s.get("path")) for s in stages if s.get("path")]
     if paths:
         lines += ["", "## Checkpoints", ""] + [f"- `{n}`: `{p}`" for n, p in paths]
     lines += ["", "## Columns", ""] + [f"- **{k}**: {v}" for k, v in COLUMN_NOTES.items()]
     lines.append("- **tasks**: lm-eval scores through the `compress` model over our runtime "
                  "(acc: higher is better; perplexities and bits_per_byte: lower is better)")
+    settings = _settings_line(stages)
+    if settings:
+        lines += ["", f"Settings: {settings}"]
     m = machine or machine_info()
     lines += ["", "## Machine", "",
               f"{m.get('processor')} ({m.get('machine')}), {m.get('cpus')} CPUs, "

@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from evals.backend import sampling_params
+from compress.config import ConfigError
+from evals.backend import model_context, sampling_params
 
 
 @dataclass
@@ -55,6 +56,10 @@ def measure_speed(llm, prompt_len: int = 128, new_tokens: int = 64, repeats: int
     tok = llm.tokenizer
     if prompt is None:
         prompt = fixed_prompt(len(tok), prompt_len, tok.bos_token_id)
+    context = model_context(llm)
+    if len(prompt) + new_tokens > context:
+        raise ConfigError(f"a prompt of {len(prompt)} tokens and {new_tokens} new tokens do not fit "
+                          f"the model's context of {context} tokens", "speed")
     for _ in range(warmup):
         _timed_generate(llm, prompt, new_tokens)
     prefill, decode, counts = [], [], []

@@ -84,3 +84,31 @@ def test_export_keeps_the_sources_tokenizer_files(tmp_path, tiny_llama_dir):
     out = tmp_path / "out" / "int8"
     for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "chat_template.jinja"):
         assert (out / name).read_bytes() == (src / name).read_bytes(), name
+
+
+@pytest.mark.slow
+def test_run_on_a_short_context_model_writes_its_report(tmp_path, capfd, monkeypatch):
+    """A 128-token model through `compress run` with the evaluation defaults: every cell
+    measured, the report written, and nothing on stderr but progress bars."""
+    import json
+
+    from compress.cli import main
+    from tiny_models import make_tiny_model
+
+    model_dir = make_tiny_model(tmp_path / "short", "llama", max_position_embeddings=128)
+    recipe = recipe_file(tmp_path, model_dir, [{"name": "int8", "steps": [{"method": "rtn", "bits": 8}]}],
+                         eval={"perplexity": {"max_tokens": 3000}, "tasks": ["pydoc_cloze"], "task_limit": 8})
+    monkeypatch.chdir(tmp_path)                       # not a git repository
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    assert main(["run", str(recipe), "--threads", "1"]) == 0
+    out, err = capfd.readouterr()
+    stages = json.loads((tmp_path / "out" / "report.json").read_text())["stages"]
+    assert [s["name"] for s in stages] == ["base", "int8"]
+    for s in stages:
+        assert "errors" not in s and s["context"] == 128
+        assert s["perplexity"] > 1 and s["decode_tok_s"] > 0 and "acc" in s["tasks"]["pydoc_cloze"]
+        assert s["speed"]["prompt_len"] + s["speed"]["new_tokens"] <= 128
+    assert "perplexity windows of 128 tokens, stride 64" in (tmp_path / "out" / "report.md").read_text()
+    assert "| `int8` |" in out
+    noise = [line for line in err.splitlines() if line.strip() and "it/s]" not in line and "win/s]" not in line]
+    assert not noise, noise

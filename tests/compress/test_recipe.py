@@ -53,7 +53,7 @@ def test_stages_chain_and_paths_resolve_against_recipe(tmp_path):
     ({"model": {"path": "m"}, "stages": [{"name": "base", "steps": BASE["steps"]}]}, ["not 'base'"]),
     ({"model": {"path": "m"}, "stages": [{"name": "a", "steps": BASE["steps"]}, {"name": "a", "steps": BASE["steps"]}]},
      ["duplicate stage name 'a'"]),
-    ({**BASE, "eval": {"kernels": "fast"}}, ["eval", "kernels must be one of"]),
+    ({**BASE, "eval": {"kernels": "fast"}}, ["eval.kernels: must be one of"]),
 ])
 def test_bad_recipes_name_file_step_and_key(tmp_path, doc, fragments):
     with pytest.raises(ConfigError) as err:

@@ -1,3 +1,4 @@
+import json
 import math
 
 import pytest
@@ -52,3 +53,60 @@ def test_measure_speed(tiny_model_dir, kernels):
     s = measure_speed(llm, prompt_len=16, new_tokens=5, repeats=2, warmup=1)
     assert s.prompt_len == 16 and s.new_tokens == 5
     assert s.prefill_tok_s > 0 and s.decode_tok_s > 0 and not math.isnan(s.decode_tok_s)
+
+
+def test_short_context_model_evaluates_with_defaults(tiny_model_dir, tiny_text):
+    """The tiny model's context is 128 tokens: every default is sized to it."""
+    cfg = {"perplexity": {"file": str(tiny_text), "max_tokens": 400}, "kl": {"file": str(tiny_text)},
+           "speed": {"repeats": 1, "warmup": 0}, "threads": 1, "progress": False}
+    rec = evaluate_checkpoint(tiny_model_dir, cfg, {}, name="base")
+    assert "errors" not in rec
+    assert rec["context"] == 128 and rec["perplexity_tokens"] == 399 and rec["kl_tokens"] % 128 == 0
+    assert rec["speed"]["prompt_len"] + rec["speed"]["new_tokens"] <= 128 and rec["decode_tok_s"] > 0
+    assert rec["eval_settings"]["perplexity"]["stride"] == 64
+
+
+def test_a_failing_cell_is_recorded_and_the_others_are_measured(tiny_model_dir, tiny_text, tmp_path,
+                                                               monkeypatch):
+    import evals.harness
+
+    real_run_lm_eval = evals.harness.run_lm_eval
+
+    def run_lm_eval(path, tasks, **kw):  # an unknown name costs lm-eval a minute of indexing
+        if "no_such_task" in tasks:
+            raise KeyError("Spec 'no_such_task' is not a registered task/group/tag name")
+        return real_run_lm_eval(path, tasks, **kw)
+
+    monkeypatch.setattr(evals.harness, "run_lm_eval", run_lm_eval)
+    stage_dir = make_model_dir(tmp_path / "stage", noise=0.02)
+    cfg = {"perplexity": {"file": str(tiny_text), "seq_len": 32, "max_tokens": 200},
+           "kl": {"file": str(tmp_path / "missing.txt"), "seq_len": 32},
+           "speed": {"prompt_len": 128, "repeats": 1, "warmup": 0},   # leaves no room to generate
+           "tasks": ["pydoc_cloze", "no_such_task"], "task_limit": 4, "threads": 1, "progress": False}
+    cache = {}
+    base = evaluate_checkpoint(tiny_model_dir, cfg, cache, name="base")
+    stage = evaluate_checkpoint(stage_dir, cfg, cache, name="noisy")
+    for rec in (base, stage):
+        assert rec["perplexity"] > 1 and 0 <= rec["tasks"]["pydoc_cloze"]["acc"] <= 1
+        assert set(rec["errors"]) == {"kl", "speed", "tasks.no_such_task"}
+        assert "prompt_len" in rec["errors"]["speed"]["message"]
+        assert "Traceback" in rec["errors"]["speed"]["traceback"]
+        assert rec.get("kl_to_base") is None and rec.get("decode_tok_s") is None
+    assert "missing.txt" in base["errors"]["kl"]["message"]
+    # the stage is not its own KL reference when the base's failed
+    assert "the base's failed" in stage["errors"]["kl"]["message"]
+    j, m = write_report([base, stage], tmp_path / "report")
+    md = m.read_text()
+    assert "| `noisy` | " in md and "| error | error |" in md and "## Errors" in md
+    assert "| no_such_task | — | error | error |" in md
+    assert "- `base` speed: ConfigError: eval.speed.prompt_len: 128 leaves no room to generate" in md
+    saved = json.loads(j.read_text())["stages"][1]["errors"]
+    assert set(saved) == {"kl", "speed", "tasks.no_such_task"}
+
+
+def test_a_checkpoint_that_does_not_load_still_gets_a_record(tmp_path, tiny_text):
+    rec = evaluate_checkpoint(tmp_path, {"perplexity": {"file": str(tiny_text)}, "progress": False},
+                              name="base")
+    assert {"size", "load"} <= set(rec["errors"]) and rec.get("perplexity") is None
+    j, m = write_report([rec], tmp_path / "report")
+    assert "| `base` | error | error | error |" in m.read_text()
