@@ -33,6 +33,7 @@ def run_lm_eval(path: str | Path, tasks: list[str] | str, limit: int | float | N
     from lm_eval.tasks import TaskManager
 
     import evals.lm_eval_adapter  # noqa: F401  registers "compress"
+    from evals.lm_eval_quiet import quiet_lm_eval
     from evals.tasks import TASKS, task_dir
 
     if isinstance(tasks, str):
@@ -43,15 +44,18 @@ def run_lm_eval(path: str | Path, tasks: list[str] | str, limit: int | float | N
                     batch_size=batch_size, threads=threads, llm=llm)
         lm, model_args = CompressLM(**args), None
     elif model == "hf":
+        from evals.backend import quiet_bitsandbytes_import
+        quiet_bitsandbytes_import(path)
         lm, model_args = "hf", f"pretrained={path},dtype={dtype}"
     else:
         raise ValueError(f"unknown lm-eval model {model!r} (use 'compress' or 'hf')")
-    results = lm_eval.simple_evaluate(
-        model=lm, model_args=model_args, tasks=list(tasks), limit=limit,
-        batch_size=batch_size, device="cpu", num_fewshot=num_fewshot,
-        # indexing lm-eval's ~14k built-in task files takes a minute: skip it when only ours run
-        task_manager=TaskManager(include_path=str(task_dir()),
-                                 include_defaults=not set(tasks) <= set(TASKS)),
-        random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
-        fewshot_random_seed=seed, log_samples=False)
+    with quiet_lm_eval():
+        results = lm_eval.simple_evaluate(
+            model=lm, model_args=model_args, tasks=list(tasks), limit=limit,
+            batch_size=batch_size, device="cpu", num_fewshot=num_fewshot,
+            # indexing lm-eval's ~14k built-in task files takes a minute: skip it when only ours run
+            task_manager=TaskManager(include_path=str(task_dir()),
+                                     include_defaults=not set(tasks) <= set(TASKS)),
+            random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
+            fewshot_random_seed=seed, log_samples=False)
     return results if raw else flatten_results(results)

@@ -8,6 +8,12 @@ tokenizer adds BOS as it is configured to (``add_bos_token=`` overrides); an emp
 is replaced by ``prefix_token_id`` (BOS, else EOS); rolling log-likelihoods use lm-eval's
 disjoint windows of the model's context length, prefixed by ``prefix_token_id``.
 
+A request longer than the model's context is never an error: its context is cut from the
+left as far as needed (as lm-eval's HF model does); a continuation that alone is longer
+than the context is scored on its last ``max_length`` tokens (each given all the tokens
+before it that fit), and such requests are counted in one warning per call. Likewise a
+``max_gen_toks`` that leaves no room for a prompt is cut to half the context (one warning).
+
 Usage::
 
     import evals.lm_eval_adapter  # registers "compress"
@@ -15,6 +21,8 @@ Usage::
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +33,9 @@ from lm_eval.models.utils import (Collator, handle_stop_sequences, has_bos_prefi
                                   normalize_gen_kwargs, postprocess_generated_text)
 from tqdm import tqdm
 
-from evals.backend import load_llm, max_context, sampling_params
+from evals.backend import load_llm, model_context, sampling_params
+
+log = logging.getLogger(__name__)
 
 
 def _bool_or_none(v):
@@ -50,7 +60,10 @@ class CompressLM(TemplateLM):
         self.tokenizer = self.llm.tokenizer
         # "auto" has no meaning on CPU here: fall back to a fixed batch
         self.batch_size = 8 if str(batch_size).startswith("auto") else int(batch_size)
-        self._max_length = int(max_length) if max_length else max_context(pretrained, self.tokenizer)
+        context = model_context(self.llm, pretrained)
+        self._max_length = min(int(max_length), context) if max_length else context
+        if max_length and int(max_length) > context:
+            log.warning("max_length %s is longer than the model's context; using %d", max_length, context)
         self.max_gen_toks = int(max_gen_toks)
         self.add_bos_token = _bool_or_none(add_bos_token)
         self.custom_prefix_token_id = None if prefix_token_id is None else int(prefix_token_id)
@@ -98,24 +111,43 @@ class CompressLM(TemplateLM):
         if add_special_tokens is None and has_bos_prefix(
                 string, self.tokenizer.decode(self.prefix_token_id)):
             special["add_special_tokens"] = False  # the text already carries its BOS
-        ids = self.tokenizer.encode(string, **special)
+        # whole documents are longer than the model's context on purpose (windowed below):
+        # verbose=False keeps the tokenizer's "sequence length is longer" warning off
+        ids = self.tokenizer.encode(string, verbose=False, **special)
         return ids[-left_truncate_len:] if left_truncate_len else ids
 
     def tok_decode(self, tokens, skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens)
 
     # ----------------------------------------------------------------- scoring
+    def _fit(self, ctx: list[int], cont: list[int]) -> tuple[list[int], list[int]]:
+        """``(context, continuation)`` with a continuation of at most ``max_length`` tokens
+        (an over-long one keeps its last tokens; the rest joins the context) and a
+        non-empty context."""
+        ctx = list(ctx) or [self.prefix_token_id]
+        if len(cont) > self.max_length:
+            ctx, cont = ctx + list(cont[:-self.max_length]), list(cont[-self.max_length:])
+        return ctx, list(cont)
+
     @torch.no_grad()
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False,
                               **kwargs) -> list[tuple[float, bool]]:
-        """``(logprob, is_greedy)`` of each continuation given its context (token lists)."""
-        coll = Collator(requests, sort_fn=lambda r: (-len(r[1] + r[2]), tuple(r[1] + r[2])))
+        """``(logprob, is_greedy)`` of each continuation given its context (token lists).
+        An empty continuation scores ``(0.0, True)``."""
+        requests = list(requests)
+        scored = [(key, *self._fit(ctx, cont)) for key, ctx, cont in requests if cont]
+        cut = sum(len(cont) > self.max_length for _, _, cont in requests)
+        if cut:
+            log.warning("%d of %d requests have a continuation longer than the model's context "
+                        "(%d tokens): scored on its last %d tokens", cut, len(requests),
+                        self.max_length, self.max_length)
+        coll = Collator(scored, sort_fn=lambda r: (-len(r[1] + r[2]), tuple(r[1] + r[2])))
         res = []
         bar = tqdm(total=len(requests), disable=disable_tqdm, desc="compress loglikelihood")
+        bar.update(len(requests) - len(scored))
         for chunk in coll.get_batched(n=self.batch_size):
             inps, conts = [], []
             for _, ctx, cont in chunk:
-                assert ctx and cont and len(cont) <= self.max_length
                 # the model sees context + continuation minus its last token, left-truncated
                 inps.append((ctx + cont)[-(self.max_length + 1):][:-1])
                 conts.append(cont)
@@ -131,7 +163,8 @@ class CompressLM(TemplateLM):
                 res.append((float(sl.gather(-1, tgt[:, None]).sum()), greedy))
                 bar.update(1)
         bar.close()
-        return coll.get_original(res)
+        scores = iter(coll.get_original(res))
+        return [next(scores) if cont else (0.0, True) for _, _, cont in requests]
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         windows, owners = [], []
@@ -153,14 +186,15 @@ class CompressLM(TemplateLM):
     # ----------------------------------------------------------------- generation
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         eos = self.tok_decode([self.eot_token_id], skip_special_tokens=False)
-        out = []
+        out, shortened = [], 0
         for context, gen_kwargs in tqdm([r.args for r in requests], disable=disable_tqdm,
                                         desc="compress generate_until"):
             kw = normalize_gen_kwargs(dict(gen_kwargs), self.max_gen_toks)
             until = handle_stop_sequences(kw.pop("until", None), eos=eos)
             max_gen = int(kw.pop("max_gen_toks"))
-            if self.max_length - max_gen <= 0:
-                raise ValueError(f"max_gen_toks {max_gen} >= model context {self.max_length}")
+            if max_gen >= self.max_length:
+                shortened += 1
+                max_gen = max(1, self.max_length // 2)
             ids = self.tok_encode(context, left_truncate_len=self.max_length - max_gen)
             params = sampling_params(
                 self.llm, max_tokens=max_gen,
@@ -172,6 +206,10 @@ class CompressLM(TemplateLM):
             text = postprocess_generated_text(generation=text, stop=until, think_end_token=None)
             self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
             out.append(text)
+        if shortened:
+            log.warning("%d of %d requests asked for at least the model's context (%d tokens) of new "
+                        "tokens: generated %d", shortened, len(requests), self.max_length,
+                        max(1, self.max_length // 2))
         return out
 
     def get_model_info(self) -> dict:

@@ -23,11 +23,14 @@ def main(argv: list[str] | None = None) -> int:
     import evals.lm_eval_adapter  # noqa: F401  registers "compress"
     from lm_eval.__main__ import cli_evaluate
 
+    from evals.lm_eval_quiet import quiet_lm_eval
+
     argv = list(sys.argv[1:] if argv is None else argv)
     saved = sys.argv
     sys.argv = ["lm-eval", *_with_task_dir(argv)]
     try:
-        cli_evaluate()
+        with quiet_lm_eval():
+            cli_evaluate()
     finally:
         sys.argv = saved
     return 0

@@ -105,3 +105,80 @@ def test_scores_match_lm_eval_hf_model(tiny_model_dir):
     assert ours["pydoc_cloze"]["acc_norm"] == pytest.approx(ref["pydoc_cloze"]["acc_norm"], abs=1e-6)
     for m in ("word_perplexity", "byte_perplexity", "bits_per_byte"):
         assert ours["pydoc_ppl"][m] == pytest.approx(ref["pydoc_ppl"][m], rel=1e-3)
+
+
+def _manual_read(llm, ctx_ids, cont_ids):
+    """Like ``_manual``, with the model reading (context + continuation)[:-1] only."""
+    ids = torch.tensor([(ctx_ids + cont_ids)[:-1]])
+    lp = torch.log_softmax(llm.logits(ids).float(), -1)[0]
+    return float(lp[-len(cont_ids):].gather(-1, torch.tensor(cont_ids)[:, None]).sum())
+
+
+def _long_ids(tok, n):
+    ids = tok("Return the absolute value of the argument. " * 80, add_special_tokens=False,
+              verbose=False).input_ids
+    assert len(ids) >= n
+    return ids[:n]
+
+
+def test_over_long_context_is_cut_from_the_left(lm, tiny_llm):
+    ctx, cont = _long_ids(tiny_llm.tokenizer, 300), [5, 6, 7]
+    (got, _), = lm._loglikelihood_tokens([(None, ctx, cont)], disable_tqdm=True)
+    kept = (ctx + cont)[-129:]                       # 128 positions read, predicting the last 3
+    assert got == pytest.approx(_manual_read(tiny_llm, kept[:-3], cont), abs=1e-4)
+
+
+def test_over_long_continuation_scores_its_last_tokens_with_one_warning(lm, tiny_llm, caplog):
+    tok = tiny_llm.tokenizer
+    cont = _long_ids(tok, 200)
+    reqs = [(None, [tok.bos_token_id], cont), (None, [tok.bos_token_id], cont[:50]),
+            (None, [tok.bos_token_id, 7], cont[10:])]
+    with caplog.at_level("WARNING", logger="evals.lm_eval_adapter"):
+        scores = lm._loglikelihood_tokens(reqs, disable_tqdm=True)
+    warnings = [r for r in caplog.records if "longer than the model's context" in r.getMessage()]
+    assert len(warnings) == 1 and "2 of 3 requests" in warnings[0].getMessage()
+    whole = [tok.bos_token_id] + cont
+    assert scores[0][0] == pytest.approx(_manual_read(tiny_llm, whole[-129:-128], whole[-128:]), abs=1e-4)
+    assert scores[1][0] == pytest.approx(_manual(tiny_llm, [tok.bos_token_id], cont[:50]), abs=1e-4)
+    # through lm-eval's own entry point (text requests), no assertion either
+    text = tok.decode(cont)
+    (got, greedy), = lm.loglikelihood([_req("loglikelihood", "Return", " " + text)], disable_tqdm=True)
+    assert got < 0 and isinstance(greedy, bool)
+
+
+def test_empty_continuation_scores_zero(lm):
+    assert lm._loglikelihood_tokens([(None, [1, 5], []), (None, [1], [5])], disable_tqdm=True)[0] == (0.0, True)
+
+
+def test_generation_longer_than_the_context_is_shortened(lm, caplog):
+    reqs = [_req("generate_until", "Return the", {"until": ["\n\n\n"], "max_gen_toks": 500})]
+    with caplog.at_level("WARNING", logger="evals.lm_eval_adapter"):
+        (text,) = lm.generate_until(reqs, disable_tqdm=True)
+    assert isinstance(text, str)
+    assert any("1 of 1 requests" in r.getMessage() for r in caplog.records)
+
+
+def test_tokenizing_a_long_document_warns_nothing(tiny_model_dir, tiny_llm):
+    """lm-eval's documents and our eval files are longer than the model's context on purpose."""
+    import logging
+
+    from transformers import AutoTokenizer
+
+    from evals.backend import encode
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir, model_max_length=16)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("transformers.tokenization_utils_base")
+    logger.addHandler(handler)
+    try:
+        lm = CompressLM(pretrained=str(tiny_model_dir), llm=tiny_llm)
+        lm.tokenizer = tok
+        text = "Return the absolute value of the argument. " * 20
+        assert len(lm.tok_encode(text)) > 16
+        assert len(encode(type("FakeLLM", (), {"tokenizer": tok})(), text)) > 16
+        assert tok.encode(text) and records         # the warning this guards against
+    finally:
+        logger.removeHandler(handler)
+    assert len(records) == 1

@@ -1,4 +1,5 @@
 import json
+import logging
 
 import pytest
 
@@ -14,8 +15,19 @@ def test_arguments_pass_through_with_our_task_dir():
     assert _with_task_dir(["--help"]) == ["--help"]
 
 
+@pytest.fixture
+def restore_lm_eval_logging():
+    """lm-eval's CLI gives its logger a handler on the stderr of the moment (the test's
+    capture, closed afterwards) and INFO level: later tests would log into a closed file."""
+    logger = logging.getLogger("lm_eval")
+    handlers, level = list(logger.handlers), logger.level
+    yield
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+
+
 @pytest.mark.slow
-def test_cli_runs_compress_model(tiny_model_dir, tmp_path, capsys):
+def test_cli_runs_compress_model(tiny_model_dir, tmp_path, capsys, restore_lm_eval_logging):
     out = tmp_path / "out"
     main(["run", "--model", "compress", "--model_args", f"pretrained={tiny_model_dir},batch_size=4",
           "--tasks", "pydoc_cloze", "--limit", "4", "--output_path", str(out)])
