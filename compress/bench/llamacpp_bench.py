@@ -126,9 +126,11 @@ def batched_bench(tools: LlamaCppTools, gguf: Path, batch: int, prompt_len: int,
     cmd = [tools.tool("llama-batched-bench"), "-m", str(gguf), "-c", str(ctx), "-b", "2048", "-ub", "512",
            "-npp", str(prompt_len), "-ntg", str(new_tokens), "-npl", str(batch), "-t", str(threads),
            "-tb", str(threads)]
-    rows = [r for r in parse_batched_bench(_run_tool(cmd, "llama-batched-bench")) if r["batch"] == batch]
+    text = _run_tool(cmd, "llama-batched-bench")
+    rows = [r for r in parse_batched_bench(text) if r["batch"] == batch]
     if not rows:
-        raise LlamaCppRunError(f"llama-batched-bench printed no row for batch {batch} (context {ctx})")
+        raise LlamaCppRunError(f"llama-batched-bench printed no row for batch {batch} (context {ctx}): "
+                               f"{' '.join(cmd)}\n{text.strip()[-800:]}")
     return rows[0]["prefill_tok_s"], rows[0]["decode_tok_s"]
 
 
