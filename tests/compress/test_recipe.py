@@ -42,7 +42,7 @@ def test_stages_chain_and_paths_resolve_against_recipe(tmp_path):
     ({**BASE, "steps": [{"method": "rtn", "bitz": 4}]}, ["step 1 (rtn).bitz", "unknown key 'bitz'"]),
     ({**BASE, "steps": [{"method": "rtn", "bits": 3}]}, ["step 1 (rtn).bits", "must be one of [4, 8]"]),
     ({**BASE, "steps": [{"method": "rtn", "group_size": 100}]}, ["group_size", "multiple of 8"]),
-    ({**BASE, "steps": [{"method": "rtn", "group_size": "big"}]}, ["group_size", "expected an integer"]),
+    ({**BASE, "steps": [{"method": "rtn", "group_size": "big"}]}, ["group_size", "must be a positive multiple of 8", "got 'big'"]),
     ({**BASE, "calibration": {"samples": 0}}, ["calibration.samples", "must be > 0"]),
     ({**BASE, "calibration": {"sample": 3}}, ["calibration.sample", "unknown key"]),
     ({**BASE, "extra": 1}, ["unknown top-level key 'extra'"]),
