@@ -26,7 +26,8 @@ def _cmd_run(args) -> int:
     if "report" in result:
         print(Path(result["report"]).read_text())
         print(f"report: {result['report']} (+ report.json)")
-    return 0
+    # the exports and the report are written either way; a failed cell still fails the command
+    return 1 if result.get("failed_cells") else 0
 
 
 def _cmd_eval(args) -> int:

@@ -83,3 +83,23 @@ def test_dry_run_and_errors(recipe, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
     assert main(["inspect", str(tmp_path / "nothing")]) == 2
     assert "nothing" in capsys.readouterr().err
+
+
+def test_run_with_a_failed_cell_writes_the_report_and_exits_1(recipe, tmp_path, capsys, monkeypatch):
+    """A measurement that fails costs its cell, not the report; the command still says so."""
+    import evals.speed
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("speed meter broke")
+
+    monkeypatch.setattr(evals.speed, "measure_speed", broken)
+    doc = yaml.safe_load(recipe.read_text())
+    doc["stages"] = doc["stages"][:1]
+    doc["eval"] = {"perplexity": {"file": "eval.txt", "seq_len": 64, "stride": 32}, "kl": None,
+                   "speed": {"prompt_len": 8, "new_tokens": 4, "repeats": 1, "warmup": 0}}
+    recipe.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "o"
+    assert main(["run", str(recipe), "--output", str(out), "--quiet"]) == 1
+    stages = json.loads((out / "report.json").read_text())["stages"]
+    assert [s["name"] for s in stages] == ["base", "rtn-int8"]
+    assert all(s["perplexity"] > 1 and "speed meter broke" in str(s["errors"]["speed"]) for s in stages)
