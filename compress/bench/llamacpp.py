@@ -3,7 +3,8 @@ CPU, as the baseline of ``compress bench model``.
 
 The llama-cpp-python source distribution (PyPI, fetched with pip) vendors llama.cpp; this
 extracts that tree, builds ``llama-bench``, ``llama-batched-bench`` and ``llama-quantize``
-with cmake (Release, ``-DGGML_NATIVE=ON``, CPU only, static, nothing else), and records
+with cmake (Release, ``-DGGML_NATIVE=ON``, CPU only, static, nothing else; one fix of
+llama-batched-bench's output, see ``PATCHES``), and records
 their paths with the HF -> GGUF converter (``convert_hf_to_gguf.py`` and its ``gguf-py``)
 in ``tools.json`` in the cache directory (default ``~/.cache/compress/llamacpp``). A
 second call finds the manifest and returns at once; a different version, different cmake
@@ -41,6 +42,25 @@ CMAKE_ARGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_
 VENDORED = "/vendor/llama.cpp/"  # where the sdist keeps llama.cpp
 
 
+@dataclass(frozen=True)
+class SourcePatch:
+    """One edit of the extracted sources: ``old`` -> ``new`` in ``path``, and why."""
+    path: str
+    old: str
+    new: str
+    why: str
+
+
+# llama-batched-bench prints its table through common's asynchronous logger, whose
+# singleton is never destroyed (ggml-org/llama.cpp#22142): the process can exit before the
+# worker thread has written the last rows, and 1 to 2 of 2 rows came out. Stop the worker
+# (it drains its queue first) before main returns; nothing that is timed changes.
+PATCHES = (SourcePatch("tools/batched-bench/batched-bench.cpp",
+                       "    llama_backend_free();\n\n    return 0;\n}",
+                       "    llama_backend_free();\n\n    common_log_pause(common_log_main());\n\n    return 0;\n}",
+                       "llama-batched-bench: drain the log queue before exit (its results table could be lost)"),)
+
+
 class LlamaCppToolsError(UserError):
     """llama.cpp's tools are missing or could not be built."""
 
@@ -58,6 +78,7 @@ class LlamaCppTools:
     cmake_args: list[str]
     cpu: dict
     tools: dict[str, str] = field(default_factory=dict)  # target name -> executable
+    patches: list[str] = field(default_factory=list)     # why each edit of the sources was made
     converter: str = ""   # convert_hf_to_gguf.py
     gguf_py: str = ""     # the gguf package the converter imports
 
@@ -96,7 +117,8 @@ def _up_to_date(directory: Path, version: str, cmake_args: list[str], cpu: dict)
     except LlamaCppToolsError:
         return None
     same = tools.version == version and tools.cmake_args == cmake_args and tools.cpu.get("flags") == cpu["flags"]
-    return tools if same else None
+    # patches added since the build: applied now (a no-op when in place), then rebuilt
+    return tools if same and tools.patches == apply_patches(Path(tools.source_dir), log=lambda *_: None) else None
 
 
 def find_cmake() -> str:
@@ -157,6 +179,25 @@ def extract_vendored(sdist: Path, dest: Path) -> Path:
     return dest
 
 
+def apply_patches(source: Path, patches=PATCHES, log=print) -> list[str]:
+    """Apply each patch whose ``old`` text is in its file (already applied: skipped); one
+    that fits neither way (another llama.cpp version) is left out with a note. Returns
+    the ``why`` of the patches in effect."""
+    done = []
+    for patch in patches:
+        f = source / patch.path
+        text = f.read_text() if f.is_file() else ""
+        if patch.new in text:
+            done.append(patch.why)
+        elif text.count(patch.old) == 1:
+            f.write_text(text.replace(patch.old, patch.new))
+            done.append(patch.why)
+        else:
+            log(f"# note: not applied to {f} (its text differs from llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}'s): "
+                f"{patch.why}")
+    return done
+
+
 def _run_logged(cmd: list[str], log_file: Path, stage: str) -> None:
     with open(log_file, "a") as f:
         f.write(f"$ {' '.join(cmd)}\n")
@@ -179,6 +220,7 @@ def build_tools(directory: str | Path | None = None, version: str = LLAMA_CPP_PY
         return done
     cmake = find_cmake()
     source = extract_vendored(fetch_sdist(directory, version, log), directory / f"llama.cpp-{version}")
+    patches = apply_patches(source, log=log)
     build = directory / f"build-{version}"
     log_file = directory / "build.log"
     log(f"# building {', '.join(BUILD_TARGETS)} in {build} (log: {log_file}); minutes on a small machine")
@@ -187,7 +229,8 @@ def build_tools(directory: str | Path | None = None, version: str = LLAMA_CPP_PY
                 log_file, "build (cmake --build)")
     tools = LlamaCppTools(version=version, source_dir=str(source), cmake_args=cmake_args, cpu=cpu,
                           tools={t: str(build / "bin" / t) for t in BUILD_TARGETS},
-                          converter=str(source / "convert_hf_to_gguf.py"), gguf_py=str(source / "gguf-py"))
+                          converter=str(source / "convert_hf_to_gguf.py"), gguf_py=str(source / "gguf-py"),
+                          patches=patches)
     missing = tools.missing()
     if missing:
         raise LlamaCppToolsError(f"the llama.cpp build in {build} did not produce {', '.join(missing)} "

@@ -125,7 +125,7 @@ def batched_bench(tools: LlamaCppTools, gguf: Path, batch: int, prompt_len: int,
     ctx = batch * (prompt_len + new_tokens) + 16
     cmd = [tools.tool("llama-batched-bench"), "-m", str(gguf), "-c", str(ctx), "-b", "2048", "-ub", "512",
            "-npp", str(prompt_len), "-ntg", str(new_tokens), "-npl", str(batch), "-t", str(threads),
-           "-tb", str(threads)]
+           "-tb", str(threads), "-fit", "off"]
     text = _run_tool(cmd, "llama-batched-bench")
     rows = [r for r in parse_batched_bench(text) if r["batch"] == batch]
     if not rows:

@@ -16,6 +16,18 @@ from compress.bench.llamacpp import (BUILD_TARGETS, LlamaCppToolsError, build_to
 from compress.errors import UserError
 
 VERSION = "9.9.9"
+BATCHED_BENCH_MAIN_END = """    LOG("\\n");
+    llama_perf_context_print(ctx);
+
+
+    llama_free(ctx);
+    llama_model_free(model);
+
+    llama_backend_free();
+
+    return 0;
+}
+"""
 
 
 def _fake_sdist(directory):
@@ -27,6 +39,7 @@ def _fake_sdist(directory):
     files = {f"{root}/vendor/llama.cpp/CMakeLists.txt": b"project(llama.cpp)\n",
              f"{root}/vendor/llama.cpp/convert_hf_to_gguf.py": b"print('convert')\n",
              f"{root}/vendor/llama.cpp/gguf-py/gguf/__init__.py": b"",
+             f"{root}/vendor/llama.cpp/tools/batched-bench/batched-bench.cpp": BATCHED_BENCH_MAIN_END.encode(),
              f"{root}/vendor/llama.cpp/.git": b"gitdir: ../../.git/modules/vendor/llama.cpp\n",
              f"{root}/llama_cpp/__init__.py": b""}
     with tarfile.open(path, "w:gz") as tar:
@@ -88,8 +101,40 @@ def test_other_cmake_arguments_rebuild(fake_build):
 def test_extract_takes_only_vendored_llamacpp_without_git(tmp_path):
     src = extract_vendored(_fake_sdist(tmp_path), tmp_path / "src")
     names = sorted(str(p.relative_to(src)) for p in src.rglob("*") if p.is_file())
-    assert names == ["CMakeLists.txt", "convert_hf_to_gguf.py", "gguf-py/gguf/__init__.py"]
+    assert names == ["CMakeLists.txt", "convert_hf_to_gguf.py", "gguf-py/gguf/__init__.py",
+                     "tools/batched-bench/batched-bench.cpp"]
     assert list(tmp_path.glob(".src.extract-*")) == [], "the temporary extraction folder is gone"
+
+
+def test_batched_bench_drains_its_log_before_exit(fake_build):
+    """llama-batched-bench's table goes through an asynchronous logger that can lose the
+    last rows at exit: the build patches main to stop (drain) it, once."""
+    d, calls = fake_build
+    tools = build_tools(d, VERSION, log=lambda *_: None)
+    main_cpp = d / f"llama.cpp-{VERSION}" / "tools/batched-bench/batched-bench.cpp"
+    text = main_cpp.read_text()
+    assert text.count("common_log_pause(common_log_main());") == 1
+    assert text.index("llama_backend_free();") < text.index("common_log_pause") < text.index("return 0;")
+    assert tools.patches == [p.why for p in llamacpp.PATCHES]
+    assert llamacpp.apply_patches(main_cpp.parents[2]) == tools.patches and main_cpp.read_text() == text
+
+
+def test_a_build_without_a_later_patch_is_rebuilt(fake_build):
+    d, calls = fake_build
+    build_tools(d, VERSION, log=lambda *_: None)
+    manifest = json.loads((d / "tools.json").read_text())
+    manifest["patches"] = []
+    (d / "tools.json").write_text(json.dumps(manifest))
+    build_tools(d, VERSION, log=lambda *_: None)
+    assert len(calls) == 4
+
+
+def test_a_patch_that_does_not_fit_is_left_out_with_a_note(tmp_path):
+    (tmp_path / "tools/batched-bench").mkdir(parents=True)
+    (tmp_path / "tools/batched-bench/batched-bench.cpp").write_text("int main() { return 1; }\n")
+    notes = []
+    assert llamacpp.apply_patches(tmp_path, log=notes.append) == []
+    assert len(notes) == 1 and "not applied" in notes[0] and "batched-bench.cpp" in notes[0]
 
 
 def test_no_manifest_says_to_run_the_build_command(tmp_path):
