@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -34,6 +34,8 @@ class ModelRecord:
     weight_bytes_per_token: int
     bandwidth_limit_tok_s: float
     kv_cache: str = ""  # the KV cache's element type (llama.cpp: its default, f16)
+    prefill_rounds: list[float] = field(default_factory=list)  # every round's figure, in order (the
+    decode_rounds: list[float] = field(default_factory=list)   # medians above are of these)
 
 
 def _median(v):
@@ -146,11 +148,13 @@ def run(args, log=print) -> dict:
     records: list[ModelRecord] = []
     for (engine, scheme, batch, nbytes, _, kv), res in zip(runners, rounds):
         limit = gbps * 1e9 / nbytes * batch if nbytes else float("nan")
-        rec = ModelRecord(engine, scheme, batch, threads, args.prompt_len, args.new_tokens,
-                          _median([p for p, _ in res]), _median([d for _, d in res]), nbytes, limit, kv)
+        prefills, decodes = [p for p, _ in res], [d for _, d in res]
+        rec = ModelRecord(engine, scheme, batch, threads, args.prompt_len, args.new_tokens, _median(prefills),
+                          _median(decodes), nbytes, limit, kv, prefills, decodes)
         records.append(rec)
         log(f"{engine:<13} {scheme:<14} kv {kv:<4} batch {batch:>3}  prefill {rec.prefill_tok_s:8.1f} tok/s  "
-            f"decode {rec.decode_tok_s:7.1f} tok/s  (limit {limit:7.1f} tok/s, {nbytes / 1e6:6.1f} MB/token)")
+            f"decode {rec.decode_tok_s:7.1f} tok/s [{min(decodes):.1f}-{max(decodes):.1f}]  "
+            f"(limit {limit:7.1f} tok/s, {nbytes / 1e6:6.1f} MB/token)")
     comparison = compare(records)
     for line in comparison_lines(comparison):
         log(line)

@@ -123,6 +123,8 @@ def test_model_bench_alternates_engines_and_writes_records(tmp_path, tiny_llama_
         ("transformers", "f32", 1), ("transformers", "f32", 2)]
     for r in recs:
         assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["weight_bytes_per_token"] > 0
+        assert len(r["decode_rounds"]) == len(r["prefill_rounds"]) == 2
+        assert sorted(r["decode_rounds"])[0] <= r["decode_tok_s"] <= sorted(r["decode_rounds"])[1]
         bw = result["bandwidth"]["best_gbps"]
         assert abs(r["bandwidth_limit_tok_s"] - bw * 1e9 / r["weight_bytes_per_token"] * r["batch"]) < 1e-6 * r["bandwidth_limit_tok_s"]
     assert any(line.startswith("# compress ") and "(kv f16) / transformers float32" in line for line in log)
