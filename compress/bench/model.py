@@ -193,11 +193,23 @@ def _peer_gguf(scheme: str) -> str | None:
     return None
 
 
+def round_ratios(ours: list[float], theirs: list[float], ours_median: float,
+                 theirs_median: float) -> tuple[float, float, float]:
+    """(median, lowest, highest) of ours / theirs taken round by round (both ran in each
+    round, so drift of the machine between rounds cancels); the ratio of the medians
+    when the rounds do not pair up."""
+    if ours and len(ours) == len(theirs):
+        ratios = [a / b for a, b in zip(ours, theirs)]
+        return _median(ratios), min(ratios), max(ratios)
+    r = ours_median / theirs_median
+    return r, r, r
+
+
 def compare(records: list[ModelRecord]) -> list[dict]:
     """Each compress record over every baseline record at the same batch (llama.cpp: the
     GGUF type of the same bit width, int4 -> q4_0, int8 -> q8_0; transformers: every
-    dtype): decode and prefill ratios, and each side's decode as a share of its
-    bandwidth limit."""
+    dtype): decode and prefill ratios (medians of the per-round ratios, with their
+    range), and each side's decode as a share of its bandwidth limit."""
     out = []
     for r in records:
         if r.engine != "compress":
@@ -206,28 +218,34 @@ def compare(records: list[ModelRecord]) -> list[dict]:
             if o.batch != r.batch or not ((o.engine == "llama.cpp" and o.scheme == _peer_gguf(r.scheme))
                                           or o.engine == "transformers"):
                 continue
+            dec = round_ratios(r.decode_rounds, o.decode_rounds, r.decode_tok_s, o.decode_tok_s)
+            pre = round_ratios(r.prefill_rounds, o.prefill_rounds, r.prefill_tok_s, o.prefill_tok_s)
             out.append({"scheme": r.scheme, "kv_cache": r.kv_cache, "batch": r.batch,
                         "baseline": f"{o.engine} {o.scheme}",
-                        "decode_ratio": r.decode_tok_s / o.decode_tok_s,
-                        "prefill_ratio": r.prefill_tok_s / o.prefill_tok_s,
+                        "decode_ratio": dec[0], "decode_ratio_range": list(dec[1:]),
+                        "prefill_ratio": pre[0], "prefill_ratio_range": list(pre[1:]),
                         "decode_of_limit": r.decode_tok_s / r.bandwidth_limit_tok_s,
                         "baseline_decode_of_limit": o.decode_tok_s / o.bandwidth_limit_tok_s})
     return out
 
 
 def comparison_lines(comparison: list[dict]) -> list[str]:
-    """The comparison as a table: ours / baseline at the same batch and threads, and at
-    batch 1 the decode speeds as shares of their bandwidth limits."""
+    """The comparison as a table: ours / baseline at the same batch and threads (median
+    of the rounds' ratios, their range in brackets), and at batch 1 the decode speeds as
+    shares of their bandwidth limits."""
     if not comparison:
         return []
-    lines = ["# ours / baseline (same batch, same threads)        batch   decode  prefill"]
+    title = "ours / baseline (same batch, same threads; per-round ratios)"
+    lines = [f"# {title:<61} {'batch':>5}  {'decode':<20} prefill"]
     for c in comparison:
         name = f"compress {c['scheme']}" + (f" (kv {c['kv_cache']})" if c["kv_cache"] else "")
-        line = f"# {name + ' / ' + c['baseline']:<48} {c['batch']:>5}  {c['decode_ratio']:6.2f}x  {c['prefill_ratio']:6.2f}x"
+        cells = [f"{c[k]:5.2f}x [{c[k + '_range'][0]:.2f}-{c[k + '_range'][1]:.2f}]"
+                 for k in ("decode_ratio", "prefill_ratio")]
+        line = f"# {name + ' / ' + c['baseline']:<61} {c['batch']:>5}  {cells[0]:<20} {cells[1]:<20}"
         if c["batch"] == 1:
-            line += (f"   decode at {c['decode_of_limit']:.0%} of the bandwidth limit "
+            line += (f"  decode at {c['decode_of_limit']:.0%} of the bandwidth limit "
                      f"({c['baseline_decode_of_limit']:.0%} for {c['baseline']})")
-        lines.append(line)
+        lines.append(line.rstrip())
     return lines
 
 

@@ -38,10 +38,11 @@ def test_kernels_bench_tiny_sweep(tmp_path):
     assert {r["M"] for r in data["records"]} == {1, 3}
 
 
-def _rec(engine, scheme, batch, prefill, decode, limit=1000.0, kv=""):
+def _rec(engine, scheme, batch, prefill, decode, limit=1000.0, kv="", rounds=None):
     from compress.bench.model import ModelRecord
 
-    return ModelRecord(engine, scheme, batch, 2, 64, 64, prefill, decode, 1, limit, kv)
+    pre, dec = rounds or ([], [])
+    return ModelRecord(engine, scheme, batch, 2, 64, 64, prefill, decode, 1, limit, kv, pre, dec)
 
 
 def test_comparison_pairs_engines_by_bit_width_and_batch_with_prefill():
@@ -62,9 +63,22 @@ def test_comparison_pairs_engines_by_bit_width_and_batch_with_prefill():
     lines = comparison_lines(comp)
     assert lines[0].split()[-3:] == ["batch", "decode", "prefill"]
     assert lines[1].startswith("# compress w4a16+w8a8 (kv f16) / llama.cpp q4_0")
-    assert lines[1].split()[8:11] == ["1", "0.50x", "0.90x"]
+    assert lines[1].split()[8:13] == ["1", "0.50x", "[0.50-0.50]", "0.90x", "[0.90-0.90]"]
     assert lines[1].endswith("decode at 25% of the bandwidth limit (40% for llama.cpp q4_0)")
-    assert lines[3].split()[6:9] == ["16", "0.80x", "1.25x"] and "limit" not in lines[3]
+    assert lines[3].split()[6:11] == ["16", "0.80x", "[0.80-0.80]", "1.25x", "[1.25-1.25]"]
+    assert "limit" not in lines[3]
+
+
+def test_ratios_are_taken_round_by_round():
+    """A slow round hits both engines alike: the ratio is the median of the rounds'
+    ratios (not of the medians), with the range beside it."""
+    from compress.bench.model import compare
+
+    ours = _rec("compress", "w4a16", 1, 100.0, 100.0, rounds=([100.0, 10.0, 100.0], [100.0, 10.0, 120.0]))
+    theirs = _rec("llama.cpp", "q4_0", 1, 100.0, 80.0, rounds=([50.0, 10.0, 100.0], [80.0, 5.0, 100.0]))
+    (c,) = compare([ours, theirs])
+    assert c["decode_ratio"] == 1.25 and c["decode_ratio_range"] == [1.2, 2.0]
+    assert c["prefill_ratio"] == 1.0 and c["prefill_ratio_range"] == [1.0, 2.0]
 
 
 def test_parser_registers_llamacpp_build():
