@@ -235,7 +235,7 @@ def comparison_lines(comparison: list[dict]) -> list[str]:
     shares of their bandwidth limits."""
     if not comparison:
         return []
-    title = "ours / baseline (same batch, same threads; per-round ratios)"
+    title = "ours / baseline (same batch and threads; per-round ratios)"
     lines = [f"# {title:<61} {'batch':>5}  {'decode':<20} prefill"]
     for c in comparison:
         name = f"compress {c['scheme']}" + (f" (kv {c['kv_cache']})" if c["kv_cache"] else "")
