@@ -185,6 +185,21 @@ def test_cli_prints_the_tools(fake_build, capsys):
     assert "convert_hf_to_gguf.py" in out and "tools.json" in out
 
 
+def test_cli_names_the_converter_packages_that_are_missing(fake_build, capsys, monkeypatch):
+    import argparse
+
+    from compress.bench import add_bench_parser
+
+    d, _ = fake_build
+    real = llamacpp.importlib.util.find_spec
+    monkeypatch.setattr(llamacpp.importlib.util, "find_spec", lambda m: None if m == "sentencepiece" else real(m))
+    p = argparse.ArgumentParser()
+    add_bench_parser(p.add_subparsers(dest="command"))
+    args = p.parse_args(["bench", "llamacpp", "--dir", str(d), "--version", VERSION])
+    assert args.func(args) == 0
+    assert "# note: llama.cpp's converter also needs: pip install sentencepiece" in capsys.readouterr().out
+
+
 def test_cpuinfo_names_model_and_isa_flags():
     text = ("processor\t: 0\nmodel name\t: AMD EPYC 9R14 96-Core Processor\n"
             "flags\t\t: fpu sse2 avx2 fma f16c avx512f avx512bw avx512vl avx512_vnni avx512_bf16\n"
