@@ -125,6 +125,30 @@ CPK_HD int8_t int8_quantize(float v, float scale) {
   return static_cast<int8_t>(r);
 }
 
+// Largest K whose int8 dot products are exact in int32: |x_q| <= 127 (the
+// quantizer clamps), |w| <= 128 (any int8 weight), 132104 * 127 * 128 < 2^31.
+constexpr int kMaxInt8DotK = 132104;
+
+// LLM.int8() outlier columns. An index j names column j, and -K <= j < 0 names
+// column K + j, as in the reference (x[:, -1] is the last column); anything else
+// is out of range: -1, and the kernel leaves it out (no memory is touched for it).
+CPK_HD int outlier_column(long long j, int k) {
+  if (j < 0) j += k;
+  return j >= 0 && j < k ? static_cast<int>(j) : -1;
+}
+// The quantize kernel marks the outlier columns of a row in a shared-memory bit
+// mask: bit (j % 32) of word j / 32.
+CPK_HD int outlier_mask_words(int k) { return ceil_div(k, 32); }
+CPK_HD bool outlier_mask_test(const uint32_t* mask, int j) { return (mask[j >> 5] >> (j & 31)) & 1u; }
+// Dynamic shared memory of the quantize kernel for a row of k columns with c outliers.
+CPK_HD int quantize_rows_smem_bytes(int k, int c) { return c > 0 ? 4 * outlier_mask_words(k) : 0; }
+// Dynamic shared memory a kernel may use without the opt-in (per block, every sm_80+ GPU);
+// the kernel's static shared memory counts against the same 48 KiB.
+constexpr int kDefaultSmemBytes = 48 * 1024;
+CPK_HD bool smem_needs_optin(int dynamic_bytes, int static_bytes) {
+  return dynamic_bytes + static_bytes > kDefaultSmemBytes;
+}
+
 // ---------------------------------------------------------------------------
 // Host emulation of fp16 / bf16 rounding (round to nearest even), used only by
 // the host paths of the helpers below and by the harness.

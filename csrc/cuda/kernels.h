@@ -38,19 +38,22 @@ cudaError_t launch_w4a16_gemm(DType dtype, const W4A16Args& args, cudaStream_t s
 
 // ---- int8 ------------------------------------------------------------------
 // Per-token symmetric int8 quantization of x [m, k] (f16/bf16/f32). Columns
-// listed in outlier_idx [c] (may be null with c = 0) are left out of the
-// row max, written as 0 in q, and gathered into x_outliers [m, c] (x's dtype).
+// listed in outlier_idx [c] (may be null with c = 0; -k <= j < 0 names column
+// k + j, as in the reference) are left out of the row max, written as 0 in q,
+// and gathered into x_outliers [m, c] (x's dtype); an index out of range marks
+// nothing and gathers 0 (the bindings never pass one: see op_checks.h).
 // q has row stride ldq >= k; columns k..ldq-1 are written as 0.
 cudaError_t launch_quantize_rows(DType dtype, const void* x, int m, int k, int ldq, const int64_t* outlier_idx,
                                  int c, int8_t* q, float* scale, void* x_outliers, cudaStream_t stream);
 
+// kq <= round_up(kMaxInt8DotK, 16): the int32 sums must not overflow.
 struct W8A8Args {
   const int8_t* xq;        // [m, kq] (kq % 16 == 0, zero padded)
   const float* x_scale;    // [m]
   const int8_t* wq;        // [n, kq]
   const float* w_scale;    // [n]
   const void* x_outliers;  // [m, c] output dtype, or null
-  const void* w_outliers;  // [n, c] output dtype, or null
+  const float* w_outliers; // [n, c] fp32 (the reference's precision), or null
   void* y;                 // [m, n] output dtype
   int32_t* workspace;      // [m, n] int32, zeroed, when splits > 1
   int m, n, kq, c, splits;

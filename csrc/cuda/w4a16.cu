@@ -182,8 +182,9 @@ cudaError_t launch_mma(const W4A16Args& a, cudaStream_t stream) {
 
 template <bool kBf16>
 cudaError_t launch_mma_dtype(const W4A16Args& a, cudaStream_t stream) {
-  if (a.m <= 16) return launch_mma<kBf16, 1>(a, stream);
-  if (a.m <= 32) return launch_mma<kBf16, 2>(a, stream);
+  const int bm = w4_block_rows(a.m);
+  if (bm == 16) return launch_mma<kBf16, 1>(a, stream);
+  if (bm == 32) return launch_mma<kBf16, 2>(a, stream);
   return launch_mma<kBf16, 4>(a, stream);
 }
 
@@ -199,6 +200,7 @@ cudaError_t launch_w4a16_shuffle(const int32_t* qweight, int n, int k, int32_t* 
 
 cudaError_t launch_w4a16_dequant(DType dtype, const int32_t* qweight, const void* scales, const uint8_t* zeros,
                                  int n, int k, int group_size, void* out, cudaStream_t stream) {
+  if (group_size <= 0 || k % group_size != 0 || k % 8 != 0) return cudaErrorInvalidValue;
   const long long words = static_cast<long long>(n) * (k / 8);
   if (words == 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>((words + 255) / 256);
@@ -220,14 +222,12 @@ cudaError_t launch_w4a16_dequant(DType dtype, const int32_t* qweight, const void
   return cudaGetLastError();
 }
 
-int w4a16_splits(int m, int np, int kp, int sms) {
-  const int bm = m <= 16 ? 16 : (m <= 32 ? 32 : 64);
-  return choose_splits(ceil_div(m, bm) * (np / kW4TileN), kp / kW4TileK, sms, 4);
-}
+int w4a16_splits(int m, int np, int kp, int sms) { return w4_splits(m, np, kp, sms); }
 
 cudaError_t launch_w4a16_gemm(DType dtype, const W4A16Args& args, cudaStream_t stream) {
   if (args.m == 0 || args.n == 0) return cudaSuccess;
-  if (args.group_size % 16 != 0 || args.np % kW4TileN != 0 || args.kp % kW4TileK != 0 || args.k % 8 != 0)
+  if (args.group_size <= 0 || args.group_size % 16 != 0 || args.np % kW4TileN != 0 || args.kp % kW4TileK != 0 ||
+      args.k % 8 != 0)
     return cudaErrorInvalidValue;
   if (dtype == DType::kF16) return launch_mma_dtype<false>(args, stream);
   if (dtype == DType::kBF16) return launch_mma_dtype<true>(args, stream);

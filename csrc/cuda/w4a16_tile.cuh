@@ -44,4 +44,21 @@ CPK_HD RowCol w4_acc_coord(int warp, int mt, int nt8, int lane, int i) {
 // Column (relative to the block) whose scale / zero n8 sub-tile h of n16 tile j uses.
 CPK_HD int w4_scale_col(int warp, int j, int h, int lane) { return warp * 32 + j * 16 + h * 8 + (lane >> 2); }
 
+// Rows per block: 16 * MT, MT = 1 / 2 / 4 for M <= 16 / <= 32 / more.
+CPK_HD int w4_block_rows(int m) { return m <= 16 ? 16 : (m <= 32 ? 32 : 64); }
+
+// Batch invariance: a row's result depends only on its own activations and on
+// the split-K partition (each split sums its k-tiles in order, the reduce adds the
+// splits in order; the other rows of the batch and MT do not enter). Up to
+// kW4InvariantRows rows the grid has one block row, so the split count below
+// depends on N, K and the SM count only: a decode batch of up to 64 rows gives
+// every row the bits it gets alone. Above that the split count falls with M (no
+// split-K once the grid fills the GPU), and a row may differ from its result
+// alone by the fp32 rounding of the other partition (a last-bit difference after
+// rounding to fp16 / bf16; tests/csrc/test_cuda_ops.py holds it to 2 ulp).
+constexpr int kW4InvariantRows = 64;
+CPK_HD int w4_splits(int m, int np, int kp, int sms) {
+  return choose_splits(ceil_div(m, w4_block_rows(m)) * (np / kW4TileN), kp / kW4TileK, sms, 4);
+}
+
 }  // namespace cpk

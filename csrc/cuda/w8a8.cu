@@ -29,33 +29,35 @@ CPK_D float block_max(float v, float* red) {
   return red[0];
 }
 
-// One block per row. Outlier columns are marked in a shared-memory byte mask.
+// One block per row. Outlier columns are marked in a shared-memory bit mask
+// (K/8 bytes: 16.5 KB at the int32 limit kMaxInt8DotK); an index out of range
+// (outlier_column) marks nothing and gathers 0.
 template <typename T>
 __global__ void __launch_bounds__(kQuantThreads)
     quantize_rows_kernel(const T* __restrict__ x, int k, int ldq, const int64_t* __restrict__ idx, int c,
                          int8_t* __restrict__ q, float* __restrict__ scale, T* __restrict__ xo) {
-  extern __shared__ uint8_t mask[];
+  extern __shared__ uint32_t mask[];
   __shared__ float red[kQuantThreads / 32];
   const long long row = blockIdx.x;
   const T* xr = x + row * k;
   if (c > 0) {
-    for (int i = threadIdx.x; i < k; i += kQuantThreads) mask[i] = 0;
+    for (int i = threadIdx.x; i < outlier_mask_words(k); i += kQuantThreads) mask[i] = 0;
     __syncthreads();
     for (int i = threadIdx.x; i < c; i += kQuantThreads) {
-      const long long j = idx[i];
-      mask[j] = 1;
-      xo[row * c + i] = xr[j];
+      const int j = outlier_column(idx[i], k);
+      if (j >= 0) atomicOr(&mask[j >> 5], 1u << (j & 31));
+      xo[row * c + i] = j >= 0 ? xr[j] : Num<T>::from_float(0.f);
     }
     __syncthreads();
   }
   float amax = 0.f;
   for (int i = threadIdx.x; i < k; i += kQuantThreads)
-    if (c == 0 || !mask[i]) amax = fmaxf(amax, fabsf(Num<T>::to_float(xr[i])));
+    if (c == 0 || !outlier_mask_test(mask, i)) amax = fmaxf(amax, fabsf(Num<T>::to_float(xr[i])));
   const float s = int8_scale_from_amax(block_max(amax, red));
   int8_t* qr = q + row * ldq;
   for (int i = threadIdx.x; i < ldq; i += kQuantThreads) {
     int8_t v = 0;
-    if (i < k && (c == 0 || !mask[i])) v = int8_quantize(Num<T>::to_float(xr[i]), s);
+    if (i < k && (c == 0 || !outlier_mask_test(mask, i))) v = int8_quantize(Num<T>::to_float(xr[i]), s);
     qr[i] = v;
   }
   if (threadIdx.x == 0) scale[row] = s;
@@ -66,9 +68,9 @@ CPK_D OutT w8a8_epilogue(int acc, int row, int col, const W8A8Args& a) {
   float y = __int2float_rn(acc) * a.x_scale[row] * a.w_scale[col];
   if (a.c > 0) {  // LLM.int8(): the int8 part in the output dtype, plus the outlier columns
     const OutT* xo = static_cast<const OutT*>(a.x_outliers) + static_cast<long long>(row) * a.c;
-    const OutT* wo = static_cast<const OutT*>(a.w_outliers) + static_cast<long long>(col) * a.c;
+    const float* wo = a.w_outliers + static_cast<long long>(col) * a.c;
     float s = 0.f;
-    for (int i = 0; i < a.c; ++i) s = fmaf(Num<OutT>::to_float(xo[i]), Num<OutT>::to_float(wo[i]), s);
+    for (int i = 0; i < a.c; ++i) s = fmaf(Num<OutT>::to_float(xo[i]), wo[i], s);
     y = Num<OutT>::to_float(Num<OutT>::from_float(y)) + s;
   }
   return Num<OutT>::from_float(y);
@@ -198,11 +200,15 @@ cudaError_t launch_w8a8_typed(const W8A8Args& a, cudaStream_t stream) {
 template <typename T>
 cudaError_t launch_quant_typed(const void* x, int m, int k, int ldq, const int64_t* idx, int c, int8_t* q,
                                float* scale, void* xo, cudaStream_t stream) {
-  const size_t smem = c > 0 ? static_cast<size_t>(k) : 0;
-  if (smem > 48 * 1024) {
-    const cudaError_t e = cudaFuncSetAttribute(quantize_rows_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(smem));
+  const int smem = quantize_rows_smem_bytes(k, c);
+  if (smem > 0) {  // the static reduction buffer counts against the same 48 KiB as the mask
+    cudaFuncAttributes attr{};
+    cudaError_t e = cudaFuncGetAttributes(&attr, quantize_rows_kernel<T>);
     if (e != cudaSuccess) return e;
+    if (smem_needs_optin(smem, static_cast<int>(attr.sharedSizeBytes))) {
+      e = cudaFuncSetAttribute(quantize_rows_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (e != cudaSuccess) return e;
+    }
   }
   quantize_rows_kernel<T><<<m, kQuantThreads, smem, stream>>>(static_cast<const T*>(x), k, ldq, idx, c, q, scale,
                                                                static_cast<T*>(xo));
@@ -233,7 +239,8 @@ int w8a8_splits(int m, int n, int kq, int sms) {
 
 cudaError_t launch_w8a8_gemm(DType out_dtype, const W8A8Args& args, cudaStream_t stream) {
   if (args.m == 0 || args.n == 0) return cudaSuccess;
-  if (args.kq % 16 != 0 || (args.splits > 1 && args.workspace == nullptr)) return cudaErrorInvalidValue;
+  if (args.kq % 16 != 0 || args.kq > round_up(kMaxInt8DotK, 16) || (args.splits > 1 && args.workspace == nullptr))
+    return cudaErrorInvalidValue;
   switch (out_dtype) {
     case DType::kF16:
       return launch_w8a8_typed<__half>(args, stream);

@@ -23,7 +23,7 @@ from native_harness import REPO, build_cached_library
 
 CUDA_DIR = REPO / "csrc" / "cuda"
 HARNESS = CUDA_DIR / "tests" / "host_harness.cu"
-HEADERS = ("cpk_common.cuh", "int4_layout.cuh", "w4a16_tile.cuh", "w8a8_tile.cuh")
+HEADERS = ("cpk_common.cuh", "int4_layout.cuh", "w4a16_tile.cuh", "w8a8_tile.cuh", "op_checks.h")
 
 
 def _nvcc() -> str | None:
@@ -228,7 +228,9 @@ def _mt_for(m):
 
 
 W4_CASES = [  # m, n, k, group, splits
-    (1, 128, 64, 64, 1), (5, 200, 320, 32, 3), (17, 130, 256, 128, 2), (40, 64, 192, 16, 1), (70, 256, 128, 64, 2)]
+    (1, 128, 64, 64, 1), (5, 200, 320, 32, 3), (17, 130, 256, 128, 2), (40, 64, 192, 16, 1), (70, 256, 128, 64, 2),
+    # K not a multiple of 64 (a zero-filled tail in the last k-tile), groups that do not divide 64
+    (3, 136, 144, 48, 1), (9, 200, 240, 80, 2), (33, 256, 1008, 112, 3)]
 
 
 @pytest.mark.parametrize("name", ["f16", "bf16"])
@@ -302,3 +304,207 @@ def test_shuffled_reference_ops_roundtrip(n, k, group):
     # both on the reference: a native CPU w4a16_gemm accumulates in another order
     assert torch.equal(torch.ops.compress.w4a16_gemm_shuffled(x, qs, st, zt, group, n),
                        ref.w4a16_gemm(x, q, s, z, group))
+
+
+# --- batch invariance of W4A16 (w4a16_tile.cuh: w4_splits) --------------------------------
+@pytest.mark.parametrize("np_,kp", [(4096, 4096), (11008, 4096), (4096, 11008), (128, 64), (256, 1024)])
+@pytest.mark.parametrize("sms", [108, 132])
+def test_w4a16_split_count_does_not_depend_on_m_in_decode_batches(lib, np_, kp, sms):
+    limit = lib.cpk_w4_invariant_rows()
+    assert limit == 64 and lib.cpk_w4_block_rows(limit) == limit  # one block row up to the limit
+    alone = lib.cpk_w4_splits(1, np_, kp, sms)
+    assert all(lib.cpk_w4_splits(m, np_, kp, sms) == alone for m in range(1, limit + 1))
+
+
+def test_w4a16_split_count_falls_past_the_invariant_rows(lib):
+    # 4096 x 4096 on 132 SMs: 16 splits for one block row, 8 for two (M = 65)
+    assert lib.cpk_w4_splits(64, 4096, 4096, 132) == 16 and lib.cpk_w4_splits(65, 4096, 4096, 132) == 8
+
+
+def _emulate_w4a16(lib, name, x, q, s, z, group, splits):
+    qs, st, zt = ref.w4a16_shuffle_for_cuda(q, s, z, group)
+    m, k = x.shape
+    y = torch.zeros(m, q.shape[0], dtype=torch.float32)
+    assert lib.cpk_w4a16_emulate(int(name == "bf16"), _p(x.contiguous()), m, k, _p(qs), _p(st.contiguous()), _p(zt),
+                                 q.shape[0], st.shape[1], qs.shape[1] // 2, group, _mt_for(m), splits, _p(y)) == 0
+    return y
+
+
+@pytest.mark.parametrize("name", ["f16", "bf16"])
+def test_w4a16_rows_of_a_batch_equal_rows_alone_in_emulation(lib, name):
+    """Every row of a 40-row batch (MT = 4) gets the fp32 bits it gets alone (MT = 1), with
+    the split count the launcher picks for both (4 here)."""
+    dtype = DTYPES[name]
+    n, k, group, m = 256, 1024, 128, 40
+    q, s, z = _rand_int4(n, k, group, dtype, seed=5)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(6)).to(dtype)
+    splits = lib.cpk_w4_splits(m, 256, 1024, 132)
+    assert splits == lib.cpk_w4_splits(1, 256, 1024, 132) == 4
+    batch = _emulate_w4a16(lib, name, x, q, s, z, group, splits)
+    for i in (0, 17, 39):
+        assert torch.equal(batch[i], _emulate_w4a16(lib, name, x[i:i + 1], q, s, z, group, splits)[0])
+
+
+# --- the quantize kernel's outlier pass and shared memory (w8a8.cu) -------------------------
+def test_outlier_columns_wrap_like_the_reference(lib):
+    k = 300
+    assert [lib.cpk_outlier_column(ctypes.c_longlong(j), k) for j in (0, 299, -1, -300, 300, -301, 2**40)] == \
+        [0, 299, 299, 0, -1, -1, -1]
+    x = torch.arange(k)
+    assert x[-1] == x[299] and x[-300] == x[0]  # the reference's indexing
+
+
+@pytest.mark.parametrize("k", [4096, 49152, 65536, 132104])
+def test_quantize_outlier_mask_fits_the_default_shared_memory(lib, k):
+    """The mask is a bit per column: with the kernel's 32 static bytes (its reduction
+    buffer) it stays under 48 KiB up to the int32 K limit, so no opt-in is needed. A byte
+    mask of K = 49152 does not fit beside the static bytes, which the launcher accounts for."""
+    static = 32
+    assert lib.cpk_quantize_rows_smem_bytes(k, 3) == 4 * ((k + 31) // 32)
+    assert lib.cpk_quantize_rows_smem_bytes(k, 0) == 0
+    assert not lib.cpk_smem_needs_optin(lib.cpk_quantize_rows_smem_bytes(k, 3), static)
+    assert lib.cpk_smem_needs_optin(49152, static) and not lib.cpk_smem_needs_optin(49152 - static, static)
+    assert lib.cpk_max_int8_dot_k() == 132104 and 132104 * 127 * 128 < 2**31 <= 132105 * 127 * 128
+
+
+@pytest.mark.parametrize("k", [300, 49157])
+def test_quantize_outlier_pass_matches_reference(lib, k):
+    """Negative indices name columns from the end (as x[:, idx] does), a duplicate is
+    gathered twice, an index out of range gathers 0 and leaves every column in."""
+    g = torch.Generator().manual_seed(4)
+    m, ldq = 3, (k + 15) // 16 * 16
+    x = torch.randn(m, k, generator=g) * 2
+    valid = torch.tensor([5, -1, 17, -k, 5])
+    x[:, valid] *= 30
+    for idx in (valid, torch.cat([valid, torch.tensor([k, -k - 1])])):
+        q, scale = torch.zeros(m, ldq, dtype=torch.int8), torch.zeros(m)
+        xo = torch.full((m, idx.numel()), float("nan"))
+        assert lib.cpk_quantize_rows_outliers(_p(x), m, k, ldq, _p(idx), idx.numel(), _p(q), _p(scale), _p(xo)) == 0
+        x_rest = x.clone()
+        x_rest[:, valid] = 0
+        q_ref, s_ref = ref.quantize_per_token_int8(x_rest)
+        assert torch.equal(scale, s_ref) and torch.equal(q[:, :k], q_ref) and not q[:, k:].any()
+        assert torch.equal(xo[:, :valid.numel()], x[:, valid]) and not xo[:, valid.numel():].any()
+
+
+# --- the bindings' argument checks (op_checks.h) --------------------------------------------
+_KIND = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.uint8: 3, torch.int8: 4, torch.int16: 5,
+         torch.int32: 6, torch.int64: 7, torch.float64: 8}
+_OPS = {"w4a16_shuffle_for_cuda": 0, "w4a16_gemm_shuffled": 1, "w4a16_gemm": 2, "quantize_per_token_int8": 3,
+        "w8a8_gemm": 4, "w8a8_outlier_gemm": 5}
+
+
+def _desc(shape, dtype, device="cuda:0"):
+    typ, _, index = device.partition(":")
+    numel = 1
+    for d in shape:
+        numel *= d
+    return [{"cpu": 0, "cuda": 1}.get(typ, 2), int(index) if index else -1, _KIND[dtype], len(shape),
+            shape[0] if shape else 0, shape[1] if len(shape) > 1 else 0, numel]
+
+
+def _check(lib, op, tensors, *ints) -> str:
+    flat = torch.tensor([v for t in tensors for v in t] + [0] * 7 * (5 - len(tensors)), dtype=torch.int64)
+    iv = torch.tensor(list(ints) + [0, 0], dtype=torch.int64)
+    buf = ctypes.create_string_buffer(2048)
+    assert lib.cpk_check_op(_OPS[op], _p(flat), _p(iv), buf, 2048) >= 0
+    return buf.value.decode()
+
+
+def _valid(op):
+    """A valid argument list of each op: (names, [(shape, dtype)], ints); N=200, K=320, g=32."""
+    f16, i32, u8 = torch.float16, torch.int32, torch.uint8
+    return {
+        "w4a16_shuffle_for_cuda": (["qweight", "scales", "zeros"], [((200, 40), i32), ((200, 10), f16), ((200, 10), u8)],
+                                   (32,)),
+        "w4a16_gemm_shuffled": (["x", "qweight_shuffled", "scales_t", "zeros_t"],
+                                [((5, 320), f16), ((16, 640), i32), ((10, 256), f16), ((10, 256), u8)], (32, 200)),
+        "w4a16_gemm": (["x", "qweight", "scales", "zeros"],
+                       [((5, 320), f16), ((200, 40), i32), ((200, 10), f16), ((200, 10), u8)], (32,)),
+        "quantize_per_token_int8": (["x"], [((5, 320), torch.bfloat16)], ()),
+        "w8a8_gemm": (["x", "qweight", "weight_scale"], [((5, 320), f16), ((200, 320), torch.int8), ((200,), torch.float32)],
+                      ()),
+        "w8a8_outlier_gemm": (["x", "qweight", "weight_scale", "outlier_idx", "outlier_weight"],
+                              [((5, 320), f16), ((200, 320), torch.int8), ((200,), torch.float32),
+                               ((3,), torch.int64), ((200, 3), f16)], ()),
+    }[op]
+
+
+@pytest.mark.parametrize("op", list(_OPS))
+def test_op_checks_accept_valid_arguments(lib, op):
+    _, tensors, ints = _valid(op)
+    assert _check(lib, op, [_desc(*t) for t in tensors], *ints) == ""
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda:1"])
+@pytest.mark.parametrize("op", list(_OPS))
+def test_op_checks_every_tensor_on_the_first_ones_device(lib, op, device):
+    """Scales, zeros, weight_scale, outlier tensors on the CPU or another GPU would hand
+    the kernel a pointer into another memory: each one is named and rejected."""
+    names, tensors, ints = _valid(op)
+    for i, name in enumerate(names):
+        descs = [_desc(*t, device=device if j == i else "cuda:0") for j, t in enumerate(tensors)]
+        msg = _check(lib, op, descs, *ints)
+        if i == 0 and device == "cpu":
+            assert msg.startswith(name + " must be a CUDA tensor"), msg
+        elif i == 0:  # the others are now off the first one's device
+            assert msg == "" if len(names) == 1 else msg.startswith(f"{names[1]} is on cuda:0 but {name} is on {device}")
+        else:
+            assert msg.startswith(f"{name} is on {device} but {names[0]} is on cuda:0"), msg
+
+
+@pytest.mark.parametrize("group", [0, -16])
+@pytest.mark.parametrize("op", ["w4a16_gemm_shuffled", "w4a16_gemm", "w4a16_shuffle_for_cuda"])
+def test_op_checks_reject_a_group_size_that_is_not_positive(lib, op, group):
+    names, tensors, ints = _valid(op)
+    msg = _check(lib, op, [_desc(*t) for t in tensors], group, *ints[1:])
+    assert "group_size must be" in msg and "positive" in msg, msg
+
+
+def test_op_checks_w4a16_gemm_groups(lib):
+    """The fallback takes the zero points in any integer dtype (as the reference and the
+    shuffle do), and scales / zeros must be [N, K / group_size]."""
+    x, q = _desc((5, 192), torch.float32), _desc((72, 24), torch.int32)
+    for zdtype in (torch.uint8, torch.int32, torch.int64):
+        for group, xdtype in ((64, torch.float32), (24, torch.float16), (8, torch.bfloat16), (64, torch.float16)):
+            g = 192 // group
+            assert _check(lib, "w4a16_gemm", [_desc((5, 192), xdtype), q, _desc((72, g), torch.float16),
+                                              _desc((72, g), zdtype)], group) == ""
+    bad = [(_desc((72, 4), torch.float16), _desc((72, 3), torch.uint8), "scales must be [72, 3]"),
+           (_desc((72, 3), torch.float16), _desc((71, 3), torch.uint8), "zeros must be [72, 3]"),
+           (_desc((72, 3), torch.float16), _desc((72, 3), torch.float16), "zeros must be an integer dtype"),
+           (_desc((72, 3), torch.int32), _desc((72, 3), torch.uint8), "scales must be float16")]
+    for scales, zeros, want in bad:
+        assert want in _check(lib, "w4a16_gemm", [x, q, scales, zeros], 64)
+    assert "does not divide K=192" in _check(lib, "w4a16_gemm", [x, q, _desc((72, 3), torch.float16),
+                                                                 _desc((72, 3), torch.uint8)], 80)
+    assert "x has K=190" in _check(lib, "w4a16_gemm", [_desc((5, 190), torch.float16), q,
+                                                       _desc((72, 3), torch.float16), _desc((72, 3), torch.uint8)], 64)
+
+
+def test_op_checks_w4a16_shuffled_shapes(lib):
+    names, tensors, ints = _valid("w4a16_gemm_shuffled")
+    descs = [_desc(*t) for t in tensors]
+    assert "qweight_shuffled must be [8, 640]" in _check(lib, "w4a16_gemm_shuffled", descs, 32, 100)  # N pads to 128
+    assert "scales_t must be [20, 256]" in _check(lib, "w4a16_gemm_shuffled", descs, 16, 200)
+    assert "x must be float16 or bfloat16" in _check(
+        lib, "w4a16_gemm_shuffled", [_desc((5, 320), torch.float32)] + descs[1:], 32, 200)
+    assert "multiple of 16" in _check(lib, "w4a16_gemm_shuffled", descs, 8, 200)
+
+
+def test_op_checks_w8a8_limits(lib):
+    """K above the int32-exact limit is rejected by name; the outlier tensors are checked."""
+    def w8(k, *outliers):
+        return [_desc((2, k), torch.float16), _desc((64, k), torch.int8), _desc((64,), torch.float32), *outliers]
+    assert _check(lib, "w8a8_gemm", w8(132104)) == ""
+    msg = _check(lib, "w8a8_gemm", w8(132112))
+    assert "K=132112 is above 132104" in msg and "int32" in msg
+    assert "weight_scale must have N=64" in _check(lib, "w8a8_gemm", w8(128)[:2] + [_desc((63,), torch.float32)])
+    ok = (_desc((3,), torch.int64), _desc((64, 3), torch.float32))
+    assert _check(lib, "w8a8_outlier_gemm", w8(128, *ok)) == ""
+    assert _check(lib, "w8a8_outlier_gemm", w8(128, _desc((3,), torch.int32), ok[1])) == ""
+    assert "outlier_idx must be int64 or int32" in _check(lib, "w8a8_outlier_gemm",
+                                                          w8(128, _desc((3,), torch.float32), ok[1]))
+    assert "outlier_idx must be 1-D" in _check(lib, "w8a8_outlier_gemm", w8(128, _desc((3, 1), torch.int64), ok[1]))
+    assert "outlier_weight must be [64, 3]" in _check(lib, "w8a8_outlier_gemm",
+                                                      w8(128, ok[0], _desc((64, 2), torch.float32)))

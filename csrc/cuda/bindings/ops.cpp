@@ -15,22 +15,47 @@
 #include <cuda_runtime_api.h>
 #include <torch/library.h>
 
+#include <string>
 #include <tuple>
 
 #include "cuda/kernels.h"
+#include "cuda/op_checks.h"
 
 namespace compress_cuda {
 namespace {
 
-cpk::DType dtype_of(const at::Tensor& t, const char* op) {
+cpk::DType dtype_of(const at::Tensor& t) {
   switch (t.scalar_type()) {
     case at::kHalf: return cpk::DType::kF16;
     case at::kBFloat16: return cpk::DType::kBF16;
-    case at::kFloat: return cpk::DType::kF32;
-    default: TORCH_CHECK(false, op, ": unsupported dtype ", t.scalar_type(), " (float16, bfloat16 or float32)");
+    default: return cpk::DType::kF32;  // op_checks.h admits float16, bfloat16 and float32 only
   }
-  return cpk::DType::kF32;
 }
+
+cpk::TensorDesc describe(const at::Tensor& t, const char* name) {
+  cpk::TensorDesc d{};
+  d.name = name;
+  d.device = t.is_cuda() ? cpk::Dev::kCUDA : t.is_cpu() ? cpk::Dev::kCPU : cpk::Dev::kOther;
+  d.index = t.device().has_index() ? t.device().index() : -1;
+  switch (t.scalar_type()) {
+    case at::kHalf: d.kind = cpk::Kind::kF16; break;
+    case at::kBFloat16: d.kind = cpk::Kind::kBF16; break;
+    case at::kFloat: d.kind = cpk::Kind::kF32; break;
+    case at::kByte: d.kind = cpk::Kind::kU8; break;
+    case at::kChar: d.kind = cpk::Kind::kI8; break;
+    case at::kShort: d.kind = cpk::Kind::kI16; break;
+    case at::kInt: d.kind = cpk::Kind::kI32; break;
+    case at::kLong: d.kind = cpk::Kind::kI64; break;
+    default: d.kind = cpk::Kind::kOther; break;
+  }
+  d.dim = static_cast<int>(t.dim());
+  d.size0 = t.dim() > 0 ? t.size(0) : 0;
+  d.size1 = t.dim() > 1 ? t.size(1) : 0;
+  d.numel = t.numel();
+  return d;
+}
+
+void raise_if(const std::string& msg, const char* op) { TORCH_CHECK(msg.empty(), op, ": ", msg); }
 
 void check_launch(cudaError_t e, const char* op) {
   TORCH_CHECK(e == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(e));
@@ -52,25 +77,18 @@ at::Tensor aligned16(const at::Tensor& t) {
 
 int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 
-void check_2d_cuda(const at::Tensor& t, const char* op, const char* name) {
-  TORCH_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor");
-  TORCH_CHECK(t.dim() == 2, op, ": ", name, " must be 2-D, got ", t.sizes());
-}
-
 // ---- W4A16 -------------------------------------------------------------------
 std::tuple<at::Tensor, at::Tensor, at::Tensor> w4a16_shuffle_for_cuda(const at::Tensor& qweight,
                                                                       const at::Tensor& scales,
                                                                       const at::Tensor& zeros, int64_t group_size) {
   constexpr const char* op = "w4a16_shuffle_for_cuda";
-  check_2d_cuda(qweight, op, "qweight");
-  TORCH_CHECK(qweight.scalar_type() == at::kInt, op, ": qweight must be int32 [N, K/8]");
+  raise_if(cpk::check_w4a16_shuffle(describe(qweight, "qweight"), describe(scales, "scales"), describe(zeros, "zeros"),
+                                    group_size),
+           op);
   const c10::cuda::CUDAGuard guard(qweight.device());
   const int64_t n = qweight.size(0), k = qweight.size(1) * 8;
-  TORCH_CHECK(group_size > 0 && k % group_size == 0, op, ": group_size must divide K");
   const int64_t g = k / group_size, np = round_up(n, 128), kp = round_up(k, 64);
   const int64_t gp = (kp + group_size - 1) / group_size;
-  TORCH_CHECK(scales.sizes() == at::IntArrayRef({n, g}) && zeros.sizes() == at::IntArrayRef({n, g}), op,
-              ": scales / zeros must be [N, K/group_size]");
   at::Tensor q = qweight.contiguous();
   at::Tensor out = at::empty({np / 16, kp * 2}, q.options());
   check_launch(cpk::launch_w4a16_shuffle(q.data_ptr<int32_t>(), static_cast<int>(n), static_cast<int>(k),
@@ -86,22 +104,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> w4a16_shuffle_for_cuda(const at::
 at::Tensor w4a16_gemm_shuffled(const at::Tensor& x, const at::Tensor& qweight_shuffled, const at::Tensor& scales_t,
                                const at::Tensor& zeros_t, int64_t group_size, int64_t n) {
   constexpr const char* op = "w4a16_gemm_shuffled";
-  check_2d_cuda(x, op, "x");
-  check_2d_cuda(qweight_shuffled, op, "qweight_shuffled");
+  raise_if(cpk::check_w4a16_gemm_shuffled(describe(x, "x"), describe(qweight_shuffled, "qweight_shuffled"),
+                                          describe(scales_t, "scales_t"), describe(zeros_t, "zeros_t"), group_size, n),
+           op);
   const c10::cuda::CUDAGuard guard(x.device());
-  const cpk::DType dt = dtype_of(x, op);
-  TORCH_CHECK(dt != cpk::DType::kF32, op, ": x must be float16 or bfloat16 (use w4a16_gemm for float32)");
-  TORCH_CHECK(group_size % 16 == 0, op, ": group_size must be a multiple of 16 (use w4a16_gemm), got ", group_size);
+  const cpk::DType dt = dtype_of(x);
   const int64_t m = x.size(0), k = x.size(1);
   const int64_t np = qweight_shuffled.size(0) * 16, kp = qweight_shuffled.size(1) / 2;
-  TORCH_CHECK(k % 8 == 0 && kp == round_up(k, 64) && np == round_up(n, 128), op,
-              ": qweight_shuffled [", qweight_shuffled.size(0), ", ", qweight_shuffled.size(1),
-              "] does not match K=", k, ", N=", n);
-  const int64_t gp = (kp + group_size - 1) / group_size;
-  TORCH_CHECK(scales_t.sizes() == at::IntArrayRef({gp, np}) && zeros_t.sizes() == at::IntArrayRef({gp, np}) &&
-                  zeros_t.scalar_type() == at::kByte,
-              op, ": scales_t / zeros_t must be [", gp, ", ", np, "] (zeros uint8)");
   at::Tensor xc = aligned16(x);
+  // a no-op where the scales already have x's dtype (the runtime converts them once)
   at::Tensor st = scales_t.to(x.scalar_type()).contiguous();
   at::Tensor zt = zeros_t.contiguous();
   at::Tensor qs = aligned16(qweight_shuffled);
@@ -131,12 +142,12 @@ at::Tensor w4a16_gemm_shuffled(const at::Tensor& x, const at::Tensor& qweight_sh
 at::Tensor w4a16_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                       const at::Tensor& zeros, int64_t group_size) {
   constexpr const char* op = "w4a16_gemm";
-  check_2d_cuda(x, op, "x");
-  check_2d_cuda(qweight, op, "qweight");
+  raise_if(cpk::check_w4a16_gemm(describe(x, "x"), describe(qweight, "qweight"), describe(scales, "scales"),
+                                 describe(zeros, "zeros"), group_size),
+           op);
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t n = qweight.size(0), k = qweight.size(1) * 8;
-  TORCH_CHECK(x.size(1) == k, op, ": x has K=", x.size(1), " but qweight has K=", k);
-  const cpk::DType dt = dtype_of(x, op);
+  const cpk::DType dt = dtype_of(x);
   if (dt != cpk::DType::kF32 && group_size % 16 == 0) {
     // canonical layout at call time: shuffle, then the tensor-core kernel (the runtime
     // shuffles once at load time and calls w4a16_gemm_shuffled instead)
@@ -144,10 +155,9 @@ at::Tensor w4a16_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::
     return w4a16_gemm_shuffled(x, qs, st, zt, group_size, n);
   }
   // any group size / float32: dequantize, then cuBLAS
-  TORCH_CHECK(group_size > 0 && k % group_size == 0, op, ": group_size must divide K");
   at::Tensor q = qweight.contiguous();
   at::Tensor s = scales.to(x.scalar_type()).contiguous();
-  at::Tensor z = zeros.contiguous();
+  at::Tensor z = zeros.to(at::kByte).contiguous();  // zero points 0..15 in any integer dtype
   at::Tensor w = at::empty({n, k}, x.options());
   check_launch(cpk::launch_w4a16_dequant(dt, q.data_ptr<int32_t>(), s.data_ptr(), z.data_ptr<uint8_t>(),
                                          static_cast<int>(n), static_cast<int>(k), static_cast<int>(group_size),
@@ -159,9 +169,9 @@ at::Tensor w4a16_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::
 // ---- int8 ----------------------------------------------------------------------
 std::tuple<at::Tensor, at::Tensor> quantize_per_token_int8(const at::Tensor& x) {
   constexpr const char* op = "quantize_per_token_int8";
-  check_2d_cuda(x, op, "x");
+  raise_if(cpk::check_quantize_rows(describe(x, "x")), op);
   const c10::cuda::CUDAGuard guard(x.device());
-  const cpk::DType dt = dtype_of(x, op);
+  const cpk::DType dt = dtype_of(x);
   at::Tensor xc = x.contiguous();
   const int64_t m = x.size(0), k = x.size(1);
   at::Tensor q = at::empty({m, k}, x.options().dtype(at::kChar));
@@ -175,26 +185,27 @@ std::tuple<at::Tensor, at::Tensor> quantize_per_token_int8(const at::Tensor& x) 
 
 at::Tensor w8a8_impl(const char* op, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& weight_scale,
                      const at::Tensor* outlier_idx, const at::Tensor* outlier_weight) {
-  check_2d_cuda(x, op, "x");
-  check_2d_cuda(qweight, op, "qweight");
-  TORCH_CHECK(qweight.scalar_type() == at::kChar, op, ": qweight must be int8 [N, K]");
+  {
+    const cpk::TensorDesc idx = outlier_idx ? describe(*outlier_idx, "outlier_idx") : cpk::TensorDesc{};
+    const cpk::TensorDesc ow = outlier_weight ? describe(*outlier_weight, "outlier_weight") : cpk::TensorDesc{};
+    raise_if(cpk::check_w8a8(describe(x, "x"), describe(qweight, "qweight"), describe(weight_scale, "weight_scale"),
+                             outlier_idx ? &idx : nullptr, outlier_weight ? &ow : nullptr),
+             op);
+  }
   const c10::cuda::CUDAGuard guard(x.device());
-  const cpk::DType dt = dtype_of(x, op);
+  const cpk::DType dt = dtype_of(x);
   const int64_t m = x.size(0), k = x.size(1), n = qweight.size(0);
-  TORCH_CHECK(qweight.size(1) == k, op, ": x has K=", k, " but qweight has K=", qweight.size(1));
-  TORCH_CHECK(weight_scale.numel() == n, op, ": weight_scale must have N=", n, " elements");
   const int64_t kq = round_up(k, 16);
   at::Tensor xc = x.contiguous();
   at::Tensor idx, xo, wo;
   int64_t c = 0;
   if (outlier_idx != nullptr) {
     c = outlier_idx->numel();
-    TORCH_CHECK(outlier_weight->dim() == 2 && outlier_weight->size(0) == n && outlier_weight->size(1) == c, op,
-                ": outlier_weight must be [N, C] = [", n, ", ", c, "]");
     if (c > 0) {
-      idx = outlier_idx->to(x.device(), at::kLong).contiguous();
+      idx = outlier_idx->to(at::kLong).contiguous();
       xo = at::empty({m, c}, x.options());
-      wo = outlier_weight->to(x.scalar_type()).contiguous();
+      // fp32 as in the reference (a no-op where the runtime converted them at load time)
+      wo = outlier_weight->to(at::kFloat).contiguous();
     }
   }
   at::Tensor xq = at::empty({m, kq}, x.options().dtype(at::kChar));
@@ -213,7 +224,7 @@ at::Tensor w8a8_impl(const char* op, const at::Tensor& x, const at::Tensor& qwei
   a.wq = wq.data_ptr<int8_t>();
   a.w_scale = ws.data_ptr<float>();
   a.x_outliers = c > 0 ? xo.data_ptr() : nullptr;
-  a.w_outliers = c > 0 ? wo.data_ptr() : nullptr;
+  a.w_outliers = c > 0 ? wo.data_ptr<float>() : nullptr;
   a.y = y.data_ptr();
   a.m = static_cast<int>(m);
   a.n = static_cast<int>(n);

@@ -9,11 +9,14 @@
 // emulated from the PTX ISA fragment tables, written out here independently of
 // the helpers in cpk_common.cuh.
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "../cpk_common.cuh"
 #include "../int4_layout.cuh"
+#include "../op_checks.h"
 #include "../w4a16_tile.cuh"
 #include "../w8a8_tile.cuh"
 
@@ -316,6 +319,9 @@ void cpk_split_range(int tiles, int splits, int* begins, int* ends) {
 int cpk_choose_splits(int blocks, int ktiles, int sms, int min_tiles) {
   return choose_splits(blocks, ktiles, sms, min_tiles);
 }
+int cpk_w4_splits(int m, int np, int kp, int sms) { return w4_splits(m, np, kp, sms); }
+int cpk_w4_block_rows(int m) { return w4_block_rows(m); }
+int cpk_w4_invariant_rows() { return kW4InvariantRows; }
 
 void cpk_f32_to_half_bits(int bf16, const float* in, long long count, uint16_t* out) {
   for (long long i = 0; i < count; ++i) out[i] = bf16 ? f32_to_bf16_host(in[i]) : f32_to_f16_host(in[i]);
@@ -369,6 +375,77 @@ int cpk_w8a8_emulate(const int8_t* xq, int m, int kq, const int8_t* wq, int n, i
   else if (mt == 2) emu_w8a8<2>(xq, m, kq, wq, n, splits, out);
   else emu_w8a8<4>(xq, m, kq, wq, n, splits, out);
   return 0;
+}
+
+// ---- LLM.int8() outlier columns and the quantize kernel's shared memory -------
+int cpk_max_int8_dot_k() { return kMaxInt8DotK; }
+int cpk_outlier_column(long long j, int k) { return outlier_column(j, k); }
+int cpk_quantize_rows_smem_bytes(int k, int c) { return quantize_rows_smem_bytes(k, c); }
+int cpk_smem_needs_optin(int dynamic_bytes, int static_bytes) { return smem_needs_optin(dynamic_bytes, static_bytes); }
+
+// The quantize kernel's outlier pass (w8a8.cu, quantize_rows_kernel) for one block
+// per row, run by its own helpers: marks the columns idx[0..c) in a bit mask of
+// quantize_rows_smem_bytes(k, c) bytes, gathers them into xo [m, c] (0 for an
+// index out of range), quantizes the rest into q [m, ldq]. x given as float values.
+int cpk_quantize_rows_outliers(const float* x, int m, int k, int ldq, const long long* idx, int c, int8_t* q,
+                               float* scale, float* xo) {
+  std::vector<uint32_t> mask(static_cast<size_t>(quantize_rows_smem_bytes(k, c)) / 4 + 1, 0xdeadbeefu);
+  for (int r = 0; r < m; ++r) {
+    const float* xr = x + static_cast<long long>(r) * k;
+    if (c > 0) {
+      for (int i = 0; i < outlier_mask_words(k); ++i) mask[i] = 0;
+      for (int i = 0; i < c; ++i) {
+        const int j = outlier_column(idx[i], k);
+        if (j >= 0) mask[j >> 5] |= 1u << (j & 31);
+        xo[static_cast<long long>(r) * c + i] = j >= 0 ? xr[j] : 0.f;
+      }
+    }
+    float amax = 0.f;
+    for (int i = 0; i < k; ++i)
+      if (c == 0 || !outlier_mask_test(mask.data(), i)) amax = amax > __builtin_fabsf(xr[i]) ? amax : __builtin_fabsf(xr[i]);
+    const float s = int8_scale_from_amax(amax);
+    for (int i = 0; i < ldq; ++i)
+      q[static_cast<long long>(r) * ldq + i] =
+          i < k && (c == 0 || !outlier_mask_test(mask.data(), i)) ? int8_quantize(xr[i], s) : 0;
+    scale[r] = s;
+  }
+  return 0;
+}
+
+// ---- argument checks of the bindings (op_checks.h) ----------------------------
+// Each tensor as 7 int64: device (0 cpu, 1 cuda, 2 other), index, kind (cpk::Kind),
+// dim, size0, size1, numel. op: 0 w4a16_shuffle_for_cuda (qweight, scales, zeros;
+// ints: group_size), 1 w4a16_gemm_shuffled (x, qweight_shuffled, scales_t, zeros_t;
+// group_size, n), 2 w4a16_gemm (x, qweight, scales, zeros; group_size),
+// 3 quantize_per_token_int8 (x), 4 w8a8_gemm (x, qweight, weight_scale),
+// 5 w8a8_outlier_gemm (x, qweight, weight_scale, outlier_idx, outlier_weight).
+// Writes the message (empty: valid) into msg; returns its length, -1 for a bad op.
+int cpk_check_op(int op, const long long* t, const long long* ints, char* msg, int cap) {
+  static const char* const names[6][5] = {
+      {"qweight", "scales", "zeros"},
+      {"x", "qweight_shuffled", "scales_t", "zeros_t"},
+      {"x", "qweight", "scales", "zeros"},
+      {"x"},
+      {"x", "qweight", "weight_scale"},
+      {"x", "qweight", "weight_scale", "outlier_idx", "outlier_weight"}};
+  if (op < 0 || op > 5) return -1;
+  TensorDesc d[5]{};
+  for (int i = 0; i < 5 && names[op][i] != nullptr; ++i) {
+    const long long* v = t + 7 * i;
+    d[i] = TensorDesc{names[op][i], static_cast<Dev>(v[0]), static_cast<int>(v[1]), static_cast<Kind>(v[2]),
+                      static_cast<int>(v[3]), v[4], v[5], v[6]};
+  }
+  std::string e;
+  switch (op) {
+    case 0: e = check_w4a16_shuffle(d[0], d[1], d[2], ints[0]); break;
+    case 1: e = check_w4a16_gemm_shuffled(d[0], d[1], d[2], d[3], ints[0], ints[1]); break;
+    case 2: e = check_w4a16_gemm(d[0], d[1], d[2], d[3], ints[0]); break;
+    case 3: e = check_quantize_rows(d[0]); break;
+    case 4: e = check_w8a8(d[0], d[1], d[2], nullptr, nullptr); break;
+    default: e = check_w8a8(d[0], d[1], d[2], &d[3], &d[4]); break;
+  }
+  std::snprintf(msg, static_cast<size_t>(cap), "%s", e.c_str());
+  return static_cast<int>(e.size());
 }
 
 // Row quantization with the kernel's scalar helpers; x given as float values.
