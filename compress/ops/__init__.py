@@ -19,16 +19,28 @@ _NATIVE_MODULES = ("compress._C", "compress._cuda")
 _loaded: dict[str, bool] = {}
 
 
-def _load_native() -> None:
+class CudaKernelsLoadError(RuntimeError):
+    """compress._cuda exists but does not load on a machine with a GPU."""
+
+
+def _load_native(import_module=importlib.import_module) -> None:
     for mod in _NATIVE_MODULES:
         try:
-            importlib.import_module(mod)
+            import_module(mod)
             _loaded[mod] = True
         except ImportError as exc:
             _loaded[mod] = False
             if mod == "compress._C" and "No module named" not in str(exc):
                 warnings.warn(f"compress: native CPU kernels failed to load ({exc}); "
                               "falling back to the PyTorch reference ops")
+            # Not built: the reference ops run (and the GPU tests say why they skip). Built
+            # but broken where a GPU is: every CUDA op would quietly run the reference, so stop.
+            never_built = isinstance(exc, ModuleNotFoundError) and exc.name == mod
+            if mod == "compress._cuda" and not never_built and torch.cuda.is_available():
+                raise CudaKernelsLoadError(
+                    f"compress._cuda (the CUDA kernels) is built but does not load: {exc}. Rebuild it against "
+                    "this torch (COMPRESS_BUILD_CUDA=1 python setup.py build_ext --inplace), or delete "
+                    "compress/_cuda*.so to run the PyTorch reference ops on the GPU") from exc
 
 
 _load_native()
