@@ -7,9 +7,21 @@ compress._C with AddressSanitizer (run Python with LD_PRELOAD=$(gcc -print-file-
 and ASAN_OPTIONS=detect_leaks=0).
 """
 import glob
+import importlib.util
 import os
+import sys
 
 from setuptools import setup
+
+
+def _arch_list_module():
+    """csrc/cuda/arch_list.py, loaded by path (the package itself is not importable here)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "cuda", "arch_list.py")
+    spec = importlib.util.spec_from_file_location("compress_cuda_arch_list", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
 
 ext_modules = []
 cmdclass = {}
@@ -38,7 +50,16 @@ if torch is not None:
     has_cuda = torch.version.cuda is not None and CUDA_HOME is not None
     if want_cuda == "1" and not has_cuda:
         raise RuntimeError("COMPRESS_BUILD_CUDA=1 but torch has no CUDA build or nvcc is missing")
-    if want_cuda != "0" and has_cuda:
+    build_cuda = want_cuda != "0" and has_cuda
+    if build_cuda:
+        # the kernels need sm_80+: older entries of TORCH_CUDA_ARCH_LIST are left out
+        build_cuda, arch_list, note = _arch_list_module().resolve_arch_list(
+            os.environ.get("TORCH_CUDA_ARCH_LIST"), required=want_cuda == "1")
+        if note:
+            print(note, file=sys.stderr)
+        if arch_list is not None:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list
+    if build_cuda:
         cuda_sources = sorted(glob.glob("csrc/cuda/*.cu")) + sorted(glob.glob("csrc/cuda/bindings/*.cpp"))
         if cuda_sources:
             ext_modules.append(CUDAExtension(
@@ -47,7 +68,8 @@ if torch is not None:
                 include_dirs=[os.path.abspath("csrc")],
                 # torch 2.13 headers need C++20 (bindings); the kernels build with either.
                 # sm_80 SASS also runs on sm_86/89; PTX of sm_90 JITs on newer GPUs.
-                # TORCH_CUDA_ARCH_LIST (e.g. "9.0") replaces these targets with torch's flags.
+                # TORCH_CUDA_ARCH_LIST (e.g. "9.0"; entries before 8.0 left out above)
+                # replaces these targets with torch's flags.
                 extra_compile_args={
                     "cxx": ["-O3", "-std=c++20"],
                     "nvcc": ["-O3", "-std=c++20", "--expt-relaxed-constexpr"] + ([] if os.environ.get(

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Everything the GPU suite needs, in one command, on a machine with an NVIDIA GPU, nvcc
 # and a CUDA build of torch (e.g. a lent device machine; see csrc/README.md):
-#   1. builds compress._C and compress._cuda in place (COMPRESS_BUILD_CUDA=1);
+#   1. builds compress._C and compress._cuda in place (COMPRESS_BUILD_CUDA=1) and checks
+#      that the CUDA kernels load and are registered (step cudaops; the test and bench
+#      steps check it first too, so a GPU run never passes on skipped tests);
 #   2. runs the GPU suite (the tests marked cuda): the kernels (tests/csrc/test_cuda_ops.py)
 #      and the runtime on CUDA (tests/runtime/test_cuda_runtime.py);
 #   3. if the CPU has AVX-512 VNNI, runs the CPU op tests natively on it;
 #   4. times the CUDA kernels (compress bench cuda);
 #   5. cpubench: times the CPU kernels at 2 threads on this CPU;
 #   asan: the CPU op tests against an AddressSanitizer build of compress._C.
-# Logs go to $LOG_DIR (default ./gpu-logs). Usage: csrc/cuda/gpu_checks.sh [info|build|test|cpu|asan|bench|cpubench ...]
+# Logs go to $LOG_DIR (default ./gpu-logs). Usage: csrc/cuda/gpu_checks.sh [info|build|cudaops|test|cpu|asan|bench|cpubench ...]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 LOG_DIR=$(mkdir -p "${LOG_DIR:-gpu-logs}" && cd "${LOG_DIR:-gpu-logs}" && pwd)
@@ -18,6 +20,27 @@ export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(build test cpu bench)
 status=0
+
+# Fails (exit 1) unless torch sees a GPU, compress._cuda loads and every CUDA op is registered.
+assert_cuda_ops() {
+  $PY - <<'EOF_PY'
+import sys
+import torch
+import compress.ops as ops
+from compress.ops import library
+if not torch.cuda.is_available():
+    sys.exit("cudaops: FAILED: torch sees no CUDA device (torch " + torch.__version__ + ")")
+if not ops.native_available("cuda"):
+    sys.exit("cudaops: FAILED: compress._cuda is not built: the GPU suite would skip every kernel")
+cuda_ops = ("w4a16_gemm", "w4a16_shuffle_for_cuda", "w4a16_gemm_shuffled", "quantize_per_token_int8",
+            "w8a8_gemm", "w8a8_outlier_gemm")
+missing = [op for op in cuda_ops
+           if op not in library.SCHEMAS or not torch._C._dispatch_has_kernel_for_dispatch_key(f"compress::{op}", "CUDA")]
+if missing:
+    sys.exit(f"cudaops: FAILED: no CUDA kernel registered for {missing}")
+print(f"cudaops: ok: {len(cuda_ops)} CUDA kernels registered on {torch.cuda.get_device_name()}")
+EOF_PY
+}
 
 for step in "${steps[@]}"; do
   case $step in
@@ -35,8 +58,13 @@ for step in "${steps[@]}"; do
       rc=$?
       echo "build rc=$rc in $(( $(date +%s) - start )) s"
       [ $rc -ne 0 ] && { tail -60 "$LOG_DIR/build.log"; exit $rc; }
+      assert_cuda_ops || exit 1
+      ;;
+    cudaops)
+      assert_cuda_ops || exit 1
       ;;
     test)
+      assert_cuda_ops || exit 1
       $PY -m pytest -p no:cacheprovider -q --maxfail=30 tests/csrc/test_cuda_ops.py tests/runtime/test_cuda_runtime.py 2>&1 | tee "$LOG_DIR/test_cuda.log" | tail -40
       [ ${PIPESTATUS[0]} -ne 0 ] && status=1
       ;;
@@ -64,6 +92,7 @@ for step in "${steps[@]}"; do
       for f in "$LOG_DIR"/asan.*; do [ -e "$f" ] && { status=1; head -50 "$f"; }; done
       ;;
     bench)
+      assert_cuda_ops || exit 1
       $PY -m compress.cli bench cuda --json "$LOG_DIR/bench_cuda.json" 2>&1 | tee "$LOG_DIR/bench_cuda.log" | tail -60
       ;;
     cpubench)
