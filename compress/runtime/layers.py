@@ -13,6 +13,7 @@ from torch import nn
 
 from compress.ops import get_op, native_available
 from compress.runtime.int4_padding import pad_activations, pad_int4_in_features
+from compress.runtime.outlier_columns import checked_outlier_idx
 from compress.ops.reference import (w4a16_prepare_cpu_scales, w4a16_tile_cpu, w4a16_untile_cpu,
                                     w8a8_outlier_gemm_guarded, w8a8_tile_cpu, w8a8_untile_cpu)
 
@@ -120,6 +121,7 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
         self.register_buffer("zeros", zeros)
         self.group_size = group_size
         self.cuda_layout = None
+        self.cuda_scales = None  # the CUDA layout's scales in the activation dtype (_cuda_scales)
         self.cpu_scales = None
 
     def prepare(self, backend: str = "native") -> None:
@@ -133,7 +135,7 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
             self.cpu_scales = w4a16_prepare_cpu_scales(self.scales, self.zeros)
         # On CUDA the tensor-core kernel wants the weights in mma fragment order: shuffle
         # once at load time (kept beside the canonical tensors, never saved).
-        self.cuda_layout = None
+        self.cuda_layout = self.cuda_scales = None
         if (backend == "native" and self.qweight.is_cuda and native_available("cuda")
                 and self.group_size % 16 == 0):
             self.cuda_layout = torch.ops.compress.w4a16_shuffle_for_cuda(
@@ -165,6 +167,16 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
         bias = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
         return self.qweight.numel() * 4 + scales + bias
 
+    def _cuda_scales(self, dtype: torch.dtype) -> torch.Tensor:
+        """The CUDA layout's scales in the activation dtype (the kernel multiplies in it):
+        converted on the first call with that dtype, not on every call."""
+        scales_t = self.cuda_layout[1]
+        if scales_t.dtype == dtype:
+            return scales_t
+        if self.cuda_scales is None or self.cuda_scales.dtype != dtype:
+            self.cuda_scales = scales_t.to(dtype)
+        return self.cuda_scales
+
     def decode_spec(self):
         if self.cpu_scales is None or self.k_padded != self.in_features:  # decode_layer passes x unpadded
             return None
@@ -173,8 +185,8 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
     def gemm(self, x2d):
         x2d = pad_activations(x2d, self.k_padded)
         if self.cuda_layout is not None and x2d.dtype in (torch.float16, torch.bfloat16):
-            qs, st, zt = self.cuda_layout
-            return torch.ops.compress.w4a16_gemm_shuffled(x2d, qs, st.to(x2d.dtype), zt,
+            qs, _, zt = self.cuda_layout
+            return torch.ops.compress.w4a16_gemm_shuffled(x2d, qs, self._cuda_scales(x2d.dtype), zt,
                                                           self.group_size, self.out_features)
         if self.cpu_scales is not None:
             return torch.ops.compress.w4a16_gemm_prepared(x2d, self.qweight, *self.cpu_scales, self.group_size)
@@ -230,8 +242,10 @@ class Int8OutlierLinear(_CpuTiledWeight, _OpLinear):
         # the spike guard reads weight columns of the canonical layout: it keeps that one
         self._retile(backend, allowed=self.threshold is None)
         self.weight_scale = self.weight_scale.contiguous()
-        self.outlier_idx = self.outlier_idx.to(torch.long).contiguous()
+        self.outlier_idx = checked_outlier_idx(self.outlier_idx, self.out_features, self.in_features)
         self.outlier_weight = self.outlier_weight.contiguous()
+        if self.outlier_weight.is_cuda:  # the CUDA epilogue sums the outliers in fp32: convert once here
+            self.outlier_weight = self.outlier_weight.float()
 
     def decode_spec(self):
         if not self.qweight_tiled:  # the spike guard runs in Python around the op
