@@ -183,6 +183,22 @@ def test_dequant_nibble_positions(lib, name):
             assert torch.equal(got[:, r, h], want)
 
 
+def test_dequant_fp16_subnormal_scales_error_bound(lib):
+    """fp16 activations take the scales in fp16 (the op converts them): below 6.1e-5 a scale
+    is subnormal, spacing 2^-24. Stated in csrc/README.md: every dequantized weight stays
+    within 2^-20 of (u - z) * s with the exact scale (15 * 2^-25 from the scale, at most
+    2^-22 from the product's rounding), however small s is."""
+    s = torch.logspace(-8, -4.2, 97, dtype=torch.float64).float()  # 1e-8 .. 6.3e-5
+    u, z, si = torch.meshgrid(torch.arange(16), torch.arange(16), torch.arange(s.numel()), indexing="ij")
+    u, z, sv = u.reshape(-1), z.reshape(-1), s[si.reshape(-1)]
+    words = u.to(torch.int64) * 0x11111111
+    words = torch.where(words >= 2**31, words - 2**32, words)
+    got = _dequant(lib, "f16", words, sv, sv, z, z)[:, 0, 0].double()
+    exact = (u - z).double() * sv.double()
+    assert ((got - exact).abs() <= 2.0**-20).all()
+    assert ((got - exact).abs() > 2.0**-22).any()  # the bound is not loose by orders of magnitude
+
+
 # --- int4 shuffle ------------------------------------------------------------------------
 def _rand_int4(n, k, group, dtype, seed=0):
     g = torch.Generator().manual_seed(seed)

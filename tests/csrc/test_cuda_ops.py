@@ -57,6 +57,21 @@ def test_w4a16_gemm(dtype, m, n, k, g):
     assert sqnr_db(got, want) > (45 if dtype == torch.float16 else 35)
 
 
+# K not a multiple of 64 (zero-filled tail of the last k-tile), groups that do not divide 64
+W4_ODD_K_SHAPES = [(3, 136, 144, 48), (17, 200, 240, 80), (40, 256, 1008, 112), (1, 128, 4128, 96)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k,g", W4_ODD_K_SHAPES)
+def test_w4a16_gemm_odd_k_and_groups(dtype, m, n, k, g):
+    q, s, z = rand_int4(n, k, g, dtype, seed=k)
+    x = rand_x(m, k, dtype)
+    want = ref.w4a16_gemm(x.cpu(), q.cpu(), s.cpu(), z.cpu(), g)
+    assert sqnr_db(C.w4a16_gemm(x, q, s, z, g), want) > (45 if dtype == torch.float16 else 35)
+    qs, st, zt = C.w4a16_shuffle_for_cuda(q, s, z, g)
+    assert sqnr_db(C.w4a16_gemm_shuffled(x, qs, st, zt, g, n), want) > (45 if dtype == torch.float16 else 35)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m,n,k,g", W4_SHAPES[:6])
 def test_w4a16_shuffled_matches_canonical(dtype, m, n, k, g):
@@ -149,3 +164,199 @@ def test_opcheck():
     ]
     for op, args in cases:
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+
+
+# --- argument checks (csrc/cuda/op_checks.h; host-tested in test_cuda_host.py) ---------------
+def test_group_size_that_is_not_positive_is_an_error_not_a_crash():
+    q, s, z = rand_int4(128, 64, 64, torch.float16)
+    x = rand_x(2, 64, torch.float16)
+    qs, st, zt = C.w4a16_shuffle_for_cuda(q, s, z, 64)
+    for g in (0, -16):
+        with pytest.raises(RuntimeError, match="group_size must be a positive multiple of 16"):
+            C.w4a16_gemm_shuffled(x, qs, st, zt, g, 128)
+        with pytest.raises(RuntimeError, match="group_size must be positive"):
+            C.w4a16_gemm(x, q, s, z, g)
+    torch.cuda.synchronize()
+
+
+def _other_devices():
+    return ["cpu"] + (["cuda:1"] if torch.cuda.device_count() > 1 else [])
+
+
+@pytest.mark.parametrize("where", _other_devices())
+def test_every_tensor_argument_must_be_on_x_device(where):
+    q, s, z = rand_int4(128, 64, 64, torch.float16)
+    x = rand_x(2, 64, torch.float16)
+    qs, st, zt = C.w4a16_shuffle_for_cuda(q, s, z, 64)
+    qi, ws = rand_int8_weight(128, 64)
+    idx, w_out = torch.tensor([3, 9], device=DEV), torch.randn(128, 2, device=DEV, dtype=torch.float16)
+    cases = [(C.w4a16_gemm, [x, q, s, z, 64], ["qweight", "scales", "zeros"], 0),
+             (C.w4a16_gemm_shuffled, [x, qs, st, zt, 64, 128], ["qweight_shuffled", "scales_t", "zeros_t"], 0),
+             (C.w4a16_shuffle_for_cuda, [q, s, z, 64], [None, "scales", "zeros"], -1),
+             (C.w8a8_gemm, [x, qi, ws], ["qweight", "weight_scale"], 0),
+             (C.w8a8_outlier_gemm, [x, qi, ws, idx, w_out], ["qweight", "weight_scale", "outlier_idx", "outlier_weight"], 0)]
+    for op, args, names, shift in cases:
+        for i, name in enumerate(names):
+            if name is None:
+                continue
+            moved = list(args)
+            moved[i + 1 + shift] = args[i + 1 + shift].to(where)
+            with pytest.raises(RuntimeError, match=f"{name} is on {where}"):
+                op(*moved)
+    torch.cuda.synchronize()  # nothing reached a kernel
+
+
+def test_w4a16_fallback_takes_int32_zeros_and_checks_shapes():
+    for dtype, g in ((torch.float32, 64), (torch.float16, 24), (torch.bfloat16, 64)):
+        q, s, z = rand_int4(72, 192, g, dtype)
+        x = rand_x(5, 192, dtype)
+        want = ref.w4a16_gemm(x.cpu(), q.cpu(), s.cpu(), z.cpu(), g)
+        got = C.w4a16_gemm(x, q, s, z.to(torch.int32), g)
+        assert sqnr_db(got, want) > 35
+        torch.testing.assert_close(got, C.w4a16_gemm(x, q, s, z, g), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match=r"scales must be \[72, 3\]"):
+        C.w4a16_gemm(x, q, s[:, :2], z, 64)
+    with pytest.raises(RuntimeError, match=r"zeros must be \[72, 3\]"):
+        C.w4a16_gemm(x, q, s, z[:70], 64)
+
+
+def test_w8a8_rejects_k_past_the_int32_limit():
+    x = rand_x(1, 132112, torch.float16)
+    with pytest.raises(RuntimeError, match="K=132112 is above 132104"):
+        C.w8a8_gemm(x, torch.zeros(16, 132112, dtype=torch.int8, device=DEV), torch.ones(16, device=DEV))
+
+
+# --- shapes and placements never exercised before -------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k", [49152, 65536, 132104])
+def test_w8a8_outliers_with_long_rows(dtype, k):
+    """K past 48 Ki columns with outliers (the quantize kernel's mask is K/8 bytes), up to
+    the int32 limit; negative indices name columns from the end as in the reference."""
+    q, ws = rand_int8_weight(128, k, seed=k)
+    x = rand_x(3, k, dtype)
+    idx = torch.tensor([7, k // 2, -1, -5, 40000])
+    x[:, idx] *= 30
+    w_out = (torch.randn(128, idx.numel()) * 0.05).to(dtype)
+    got = C.w8a8_outlier_gemm(x, q, ws, idx.to(DEV), w_out.to(DEV))
+    want = ref.w8a8_outlier_gemm(x.cpu(), q.cpu(), ws.cpu(), idx, w_out)
+    assert sqnr_db(got, want) > (40 if dtype == torch.float16 else 30)
+
+
+def test_w8a8_outlier_index_out_of_range_touches_no_memory():
+    """The runtime rejects such an index at load (runtime/outlier_columns.py); the op
+    itself leaves the column out (gathers 0) without reading or writing outside the row."""
+    n, k = 128, 256
+    q, ws = rand_int8_weight(n, k)
+    x = rand_x(4, k, torch.float16)
+    w_out = torch.randn(n, 2, device=DEV, dtype=torch.float16)
+    got = C.w8a8_outlier_gemm(x, q, ws, torch.tensor([5, 100000], device=DEV), w_out)
+    torch.cuda.synchronize()
+    want = ref.w8a8_outlier_gemm(x.cpu(), q.cpu(), ws.cpu(), torch.tensor([5]), w_out[:, :1].cpu())
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-2, atol=1e-2)
+
+
+def test_llm_int8_epilogue_keeps_fp32_outlier_weights():
+    """The outlier sum uses the fp32 outlier weights as the reference does: 3 * (1 + 2^-11
+    + 2^-13) rounds to 3 + 2^-9 in fp16, while the weight rounded to fp16 first gives 3 + 2^-8."""
+    n, k = 128, 64
+    x = torch.zeros(1, k, dtype=torch.float16)
+    x[0, 10] = 3.0
+    w_out = torch.full((n, 1), 1 + 2.0**-11 + 2.0**-13, dtype=torch.float32)
+    q, ws = rand_int8_weight(n, k)
+    idx = torch.tensor([10])
+    want = ref.w8a8_outlier_gemm(x, q.cpu(), ws.cpu(), idx, w_out)
+    rounded_first = ref.w8a8_outlier_gemm(x, q.cpu(), ws.cpu(), idx, w_out.half().float())
+    assert not torch.equal(want, rounded_first)  # the case tells the two apart
+    assert torch.equal(C.w8a8_outlier_gemm(x.to(DEV), q, ws, idx.to(DEV), w_out.to(DEV)).cpu(), want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_misaligned_and_strided_x(dtype):
+    """cp.async needs 16-byte aligned rows: an x that starts 2 bytes into its storage, or is
+    a transposed view, is copied to an aligned one and gives the same bits."""
+    n, k, m, g = 256, 512, 5, 128
+    q, s, z = rand_int4(n, k, g, dtype)
+    qi, ws = rand_int8_weight(n, k)
+    x = rand_x(m, k, dtype)
+    shifted = torch.empty(m * k + 1, dtype=dtype, device=DEV)[1:].view(m, k)
+    shifted.copy_(x)
+    assert shifted.data_ptr() % 16 != 0
+    strided = x.t().contiguous().t()
+    for op, args in ((C.w4a16_gemm, (q, s, z, g)), (C.w8a8_gemm, (qi, ws)),
+                     (C.w8a8_outlier_gemm, (qi, ws, torch.tensor([1, 200], device=DEV),
+                                            torch.randn(n, 2, device=DEV, dtype=dtype)))):
+        want = op(x, *args)
+        for other in (shifted, strided):
+            assert torch.equal(op(other, *args), want)
+
+
+def test_non_default_stream():
+    """Every op launches on the current stream: results on a side stream equal the default
+    stream's (split-K workspaces included: M = 1 splits K)."""
+    n, k, g = 4096, 4096, 128
+    q, s, z = rand_int4(n, k, g, torch.float16)
+    qs, st, zt = C.w4a16_shuffle_for_cuda(q, s, z, g)
+    qi, ws = rand_int8_weight(n, k)
+    idx, w_out = torch.tensor([3, 999], device=DEV), torch.randn(n, 2, device=DEV, dtype=torch.float16)
+    calls = [lambda x: C.w4a16_gemm_shuffled(x, qs, st, zt, g, n), lambda x: C.w4a16_gemm(x, q, s, z, g),
+             lambda x: C.w8a8_gemm(x, qi, ws), lambda x: C.w8a8_outlier_gemm(x, qi, ws, idx, w_out),
+             lambda x: C.quantize_per_token_int8(x)[0]]
+    for m in (1, 100):
+        x = rand_x(m, k, torch.float16)
+        want = [call(x) for call in calls]
+        torch.cuda.synchronize()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            got = [call(x) for call in calls]
+        side.synchronize()
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+
+
+# --- batch invariance of W4A16 (w4a16_tile.cuh: w4_splits) -----------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,k", [(4096, 4096), (1024, 11008)])
+def test_w4a16_rows_of_decode_batches_equal_rows_alone(dtype, n, k):
+    """Up to 64 rows the split-K partition depends on N, K and the GPU only: every row of
+    a batch gets the bits it gets alone (the serving engine's batch-invariant greedy output)."""
+    g = 128
+    q, s, z = rand_int4(n, k, g, dtype)
+    qs, st, zt = C.w4a16_shuffle_for_cuda(q, s, z, g)
+    x = rand_x(64, k, dtype)
+    alone = torch.cat([C.w4a16_gemm_shuffled(x[i:i + 1], qs, st, zt, g, n) for i in range(64)])
+    for m in (2, 16, 17, 32, 33, 64):
+        assert torch.equal(C.w4a16_gemm_shuffled(x[:m], qs, st, zt, g, n), alone[:m]), f"M={m}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_w4a16_rows_of_large_batches_stay_within_two_ulp(dtype):
+    """Past 64 rows the split count falls with M: a row differs from its result alone by
+    the fp32 rounding of another partition, at most 2 ulp of the output dtype."""
+    n, k, g = 4096, 4096, 128
+    q, s, z = rand_int4(n, k, g, dtype)
+    qs, st, zt = C.w4a16_shuffle_for_cuda(q, s, z, g)
+    x = rand_x(256, k, dtype)
+    alone = torch.cat([C.w4a16_gemm_shuffled(x[i:i + 1], qs, st, zt, g, n) for i in range(0, 256, 51)])
+    eps = torch.finfo(dtype).eps
+    for m in (65, 130, 256):
+        batch = C.w4a16_gemm_shuffled(x[:m], qs, st, zt, g, n)[0:m:51]
+        rows = alone[: batch.shape[0]].float()
+        ulp = torch.maximum(rows.abs(), torch.full_like(rows, 2.0**-14)) * eps
+        assert ((batch.float() - rows).abs() <= 2 * ulp).all(), f"M={m}"
+
+
+def test_w4a16_fp16_subnormal_scales_error_bound():
+    """fp16 activations: the kernel multiplies by the scales in fp16, so a scale below 6.1e-5
+    is a subnormal (spacing 2^-24). Stated bound: each dequantized weight is within 2^-20 of
+    (u - z) * s with the exact scale; with the scales rounded to fp16 first it is the reference."""
+    n, k, g = 256, 512, 128
+    qi, s, z = rand_int4(n, k, g, torch.float32)
+    s = (torch.rand(n, k // g, generator=torch.Generator().manual_seed(3)) * 5e-5 + 1e-7).to(DEV)
+    x = rand_x(4, k, torch.float16)
+    got = C.w4a16_gemm(x, qi, s, z, g).float().cpu()  # fp32 scales: the op rounds them to fp16
+    as_fp16 = ref.w4a16_gemm(x.cpu(), qi.cpu(), s.half().cpu(), z.cpu(), g).float()
+    assert sqnr_db(got, as_fp16) > 45
+    exact = x.cpu().float() @ ref.dequantize_int4(qi.cpu(), s.cpu(), z.cpu(), g).t()
+    bound = x.cpu().float().abs().sum(1, keepdim=True) * 2.0**-20 + exact.abs() * 2.0**-10
+    assert ((got - exact).abs() <= bound).all()

@@ -32,3 +32,43 @@ def test_cuda_kernels_follow_the_reference_on_embedded_model(tmp_path, embedded,
     # fp16 rounds differently on the two paths (and in the reference's own cached decode),
     # so the choices are compared on cache-free forwards, near-ties allowed
     assert_follows_reference(ref_llm, nat_llm, ref, f"CUDA int{bits}")
+
+
+def test_int4_layer_converts_its_scales_once():
+    """fp32 scales with fp16 activations: converted on the first call, then reused."""
+    from compress.ops import reference as ref
+    from compress.runtime.layers import Int4Linear
+    g = torch.Generator().manual_seed(0)
+    n, k, group = 256, 512, 128
+    q = ref.pack_int4(torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8))
+    s = torch.rand(n, k // group, generator=g) * 0.01 + 1e-3
+    z = torch.randint(0, 16, (n, k // group), generator=g, dtype=torch.uint8)
+    layer = Int4Linear(q.cuda(), s.cuda(), z.cuda(), group, k)
+    layer.prepare("native")
+    assert layer.cuda_layout is not None and layer.cuda_layout[1].dtype == torch.float32
+    x = torch.randn(3, k, generator=g).half().cuda()
+    first = layer(x)
+    converted = layer.cuda_scales
+    assert converted is not None and converted.dtype == torch.float16
+    assert torch.equal(layer(x), first) and layer.cuda_scales is converted
+    want = ref.w4a16_gemm(x.cpu(), q, s.half(), z, group)
+    torch.testing.assert_close(first.cpu(), want, rtol=1e-2, atol=1e-3)
+
+
+def test_llm_int8_layer_on_cuda():
+    """Outlier weights in fp32 once at load (the epilogue's precision), negative outlier
+    indices wrapped, the result the reference's."""
+    from compress.ops.reference import w8a8_outlier_gemm
+    from compress.runtime.layers import Int8OutlierLinear
+    from quantizers.primitives import quantize_int8_per_channel
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(128, 256, generator=g) * 0.05
+    idx = torch.tensor([-1, 7])
+    q, s = quantize_int8_per_channel(w)
+    layer = Int8OutlierLinear(q.cuda(), s.cuda(), idx.cuda(), w[:, idx].half().cuda())
+    layer.prepare("native")
+    assert layer.outlier_weight.dtype == torch.float32 and layer.outlier_idx.tolist() == [255, 7]
+    x = torch.randn(5, 256, generator=g).half()
+    x[:, [255, 7]] *= 30
+    want = w8a8_outlier_gemm(x, q, s, idx, w[:, idx].half())
+    torch.testing.assert_close(layer(x.cuda()).cpu(), want, rtol=1e-2, atol=1e-2)
