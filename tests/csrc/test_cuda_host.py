@@ -5,8 +5,10 @@ under build/cuda_host/<source hash>/ by native_harness.py) and driven through ct
 against compress/ops/reference.py or, for the mma.sync / ldmatrix fragment layouts, the
 PTX ISA tables: the fragment helpers, the int4 shuffle, the lop3 magic-number
 dequantization (exhaustive over nibbles x zero points, fp16 and bf16), the per-token
-int8 quantization math, and emulations of the W4A16 and W8A8 tile loops that run the
-kernels' own helpers with ldmatrix / mma.sync emulated lane by lane.
+int8 quantization math and the quantize kernel's outlier pass, the W4A16 split-count rule
+(batch invariance), the bindings' argument checks (csrc/cuda/op_checks.h), and emulations
+of the W4A16 and W8A8 tile loops that run the kernels' own helpers with ldmatrix / mma.sync
+emulated lane by lane.
 """
 from __future__ import annotations
 
