@@ -124,17 +124,31 @@ def w8a8_amx_available() -> bool:
 
 
 def set_w4a16_amx_min_rows(rows: int) -> int:
-    """Fewest rows (M) for which the W4A16 ops at the avx512_vnni level take the AMX-BF16
-    tiles (bf16 activations, weights dequantized to bf16 per call, fp32 sums) instead of
-    the int8 tiles, where the CPU and OS allow AMX (default 32, never one row;
-    csrc/cpu/w4a16_amx.inc); returns the previous value. Not the same bits as the int8
-    tiles: both are held to the reference by SQNR."""
+    """Fewest rows (M) for which the int8-activation int4 ops (``w4a8_gemm*``) at the
+    avx512_vnni level take the AMX-BF16 tiles (bf16 activations, weights dequantized to
+    bf16 per call, fp32 sums) instead of the int8 tiles, where the CPU and OS allow AMX
+    (default 32, never one row; csrc/cpu/w4a16_amx.inc); returns the previous value. Not
+    the same bits as the int8 tiles: both are held to the reference by SQNR. The float
+    ops (``w4a16_gemm*``) never take them."""
     return _cpu_module().set_w4a16_amx_min_rows(int(rows))
 
 
 def w4a16_amx_min_rows() -> int:
-    """The current row threshold of the W4A16 AMX tiles (see set_w4a16_amx_min_rows)."""
+    """The current row threshold of the W4A8 AMX tiles (see set_w4a16_amx_min_rows)."""
     return _cpu_module().w4a16_amx_min_rows()
+
+
+def set_w4a16_mm_min_rows(rows: int) -> int:
+    """Fewest rows (M) for which the float-activation int4 ops (``w4a16_gemm*``) dequantize
+    blocks of weight rows to fp32 and multiply them with ``at::mm`` instead of running their
+    register tiles (default 32); returns the previous value. Both use the reference's
+    weights, (u - zero) * scale in fp32; only the order of the sums differs."""
+    return _cpu_module().set_w4a16_mm_min_rows(int(rows))
+
+
+def w4a16_mm_min_rows() -> int:
+    """The current row threshold of the float int4 ops' at::mm path (see set_w4a16_mm_min_rows)."""
+    return _cpu_module().w4a16_mm_min_rows()
 
 
 def w4a16_amx_available() -> bool:

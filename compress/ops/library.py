@@ -18,13 +18,18 @@ SCHEMAS = {
     # the same product on the CPU kernel's load-time tensors (reference.w4a16_prepare_cpu)
     "w4a16_gemm_prepared": ("w4a16_gemm_prepared(Tensor x, Tensor qweight, Tensor scale, "
                             "Tensor zeros, int group_size) -> Tensor"),
+    # int4 weights x int8 activations per block of 32 (reference.w4a8_gemm): the CPU fast path
+    "w4a8_gemm": "w4a8_gemm(Tensor x, Tensor qweight, Tensor scales, Tensor zeros, int group_size) -> Tensor",
+    "w4a8_gemm_prepared": ("w4a8_gemm_prepared(Tensor x, Tensor qweight, Tensor scale, "
+                           "Tensor zeros, int group_size) -> Tensor"),
     "w8a8_gemm": "w8a8_gemm(Tensor x, Tensor qweight, Tensor weight_scale) -> Tensor",
     "w8a8_outlier_gemm": ("w8a8_outlier_gemm(Tensor x, Tensor qweight, Tensor weight_scale, "
                           "Tensor outlier_idx, Tensor outlier_weight) -> Tensor"),
     # the same two on the CPU kernel's load-time row-tiled int8 weights (reference.w8a8_tile_cpu)
     "w8a8_gemm_prepared": "w8a8_gemm_prepared(Tensor x, Tensor qweight, Tensor weight_scale) -> Tensor",
+    # threshold: the LLM.int8 spike guard (reference.w8a8_outlier_gemm_guarded); None: static set only
     "w8a8_outlier_gemm_prepared": ("w8a8_outlier_gemm_prepared(Tensor x, Tensor qweight, Tensor weight_scale, "
-                                   "Tensor outlier_idx, Tensor outlier_weight) -> Tensor"),
+                                   "Tensor outlier_idx, Tensor outlier_weight, float? threshold=None) -> Tensor"),
     "quantize_per_token_int8": "quantize_per_token_int8(Tensor x) -> (Tensor, Tensor)",
     # the runtime's hot-path helpers (a decode step is dispatch-bound without them)
     "rms_norm": "rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
@@ -44,6 +49,8 @@ SCHEMAS = {
 REFERENCES = {
     "w4a16_gemm": reference.w4a16_gemm,
     "w4a16_gemm_prepared": reference.w4a16_gemm_prepared,
+    "w4a8_gemm": reference.w4a8_gemm,
+    "w4a8_gemm_prepared": reference.w4a8_gemm_prepared,
     "w8a8_gemm": reference.w8a8_gemm,
     "w8a8_outlier_gemm": reference.w8a8_outlier_gemm,
     "w8a8_gemm_prepared": reference.w8a8_gemm_prepared,
@@ -94,6 +101,8 @@ def _fake_stream_read_sum(buf):
 FAKES = {
     "w4a16_gemm": _fake_gemm,
     "w4a16_gemm_prepared": _fake_gemm,
+    "w4a8_gemm": _fake_gemm,
+    "w4a8_gemm_prepared": _fake_gemm,
     "w8a8_gemm": _fake_gemm,
     "w8a8_outlier_gemm": _fake_gemm,
     "w8a8_gemm_prepared": _fake_gemm,

@@ -112,13 +112,58 @@ def w4a16_prepare_cpu(qweight: torch.Tensor, scales: torch.Tensor,
 
 def w4a16_gemm_prepared(x: torch.Tensor, qweight_tiled: torch.Tensor, scale: torch.Tensor,
                         zeros: torch.Tensor, group_size: int) -> torch.Tensor:
-    """:func:`w4a16_gemm` on :func:`w4a16_prepare_cpu`'s tensors: ``w = u * scale - scale * zero``
-    (``scale * zero`` rounded to fp32 first, as the kernel's zero-point correction does)."""
-    u = unpack_int4(w4a16_untile_cpu(qweight_tiled)).to(torch.float32)
-    n, k = u.shape
-    scaled_zero = scale * zeros.to(torch.float32)
-    w = u.reshape(n, k // group_size, group_size) * scale.unsqueeze(-1) - scaled_zero.unsqueeze(-1)
-    return (x.to(torch.float32) @ w.reshape(n, k).t()).to(x.dtype)
+    """:func:`w4a16_gemm` on :func:`w4a16_prepare_cpu`'s tensors: the same weights
+    ``w = (u - zero) * scale`` in fp32 and float activations."""
+    return w4a16_gemm(x, w4a16_untile_cpu(qweight_tiled), scale, zeros, group_size)
+
+
+# --- int4 weights x int8 activations: the CPU fast path of a w4a16 checkpoint ------------
+# As llama.cpp multiplies Q4 weights by Q8 activations: each row of x is quantized to int8
+# per block of 32 along K (symmetric, scale = absmax / 127, round half to even), the dot
+# products run in integers and each block's sum is scaled back. Faster on CPUs than float
+# activations, but not the numbers the w4a16 scheme promises (~0.4% off in a model's
+# logits); the runtime takes it only when asked (LLM(w4_activations="int8")).
+W4A8_BLOCK = 32
+
+
+def w4a8_group_supported(group_size: int) -> bool:
+    """Whether the int8-activation kernel takes this group size (32, or a multiple of 64);
+    :func:`w4a8_gemm` runs other sizes with float activations, as :func:`w4a16_gemm`."""
+    return group_size == W4A8_BLOCK or group_size % 64 == 0
+
+
+def quantize_blocks_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [M, K]`` (K % 32 == 0) -> int8 ``q [M, K]`` and fp32 ``scale [M, K / 32]`` with
+    ``x ≈ q * scale`` per block of 32: ``q = round_half_even(x * (127 / absmax))``, scale
+    ``absmax / 127`` (an all-zero block: q = 0, scale 0)."""
+    m, k = x.shape
+    if k % W4A8_BLOCK:
+        raise ValueError(f"quantize_blocks_int8 needs K divisible by {W4A8_BLOCK}, got K={k}")
+    xb = x.to(torch.float32).reshape(m, k // W4A8_BLOCK, W4A8_BLOCK)
+    amax = xb.abs().amax(dim=-1)
+    # 127 / amax as one IEEE division, as the kernel (a Python scalar over a tensor is a
+    # reciprocal and a multiply in torch, which can round the other way)
+    inv = torch.where(amax > 0, torch.full_like(amax, INT8_MAX) / amax, torch.zeros_like(amax))
+    q = torch.round(xb * inv.unsqueeze(-1)).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return q.reshape(m, k), amax / INT8_MAX
+
+
+def w4a8_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+              group_size: int) -> torch.Tensor:
+    """:func:`w4a16_gemm` with ``x`` quantized per block of 32 first
+    (:func:`quantize_blocks_int8`), when :func:`w4a8_group_supported`."""
+    if not w4a8_group_supported(group_size):
+        return w4a16_gemm(x, qweight, scales, zeros, group_size)
+    q, scale = quantize_blocks_int8(x)
+    m, k = q.shape
+    xq = (q.to(torch.float32).reshape(m, -1, W4A8_BLOCK) * scale.unsqueeze(-1)).reshape(m, k)
+    return w4a16_gemm(xq, qweight, scales, zeros, group_size).to(x.dtype)
+
+
+def w4a8_gemm_prepared(x: torch.Tensor, qweight_tiled: torch.Tensor, scale: torch.Tensor,
+                       zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+    """:func:`w4a8_gemm` on :func:`w4a16_prepare_cpu`'s tensors."""
+    return w4a8_gemm(x, w4a16_untile_cpu(qweight_tiled), scale, zeros, group_size)
 
 
 def quantize_per_token_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,9 +217,14 @@ def w8a8_gemm_prepared(x: torch.Tensor, qweight_tiled: torch.Tensor, weight_scal
 
 
 def w8a8_outlier_gemm_prepared(x: torch.Tensor, qweight_tiled: torch.Tensor, weight_scale: torch.Tensor,
-                               outlier_idx: torch.Tensor, outlier_weight: torch.Tensor) -> torch.Tensor:
-    """:func:`w8a8_outlier_gemm` on :func:`w8a8_tile_cpu`'s weights."""
-    return w8a8_outlier_gemm(x, w8a8_untile_cpu(qweight_tiled), weight_scale, outlier_idx, outlier_weight)
+                               outlier_idx: torch.Tensor, outlier_weight: torch.Tensor,
+                               threshold: float | None = None) -> torch.Tensor:
+    """:func:`w8a8_outlier_gemm` on :func:`w8a8_tile_cpu`'s weights; with a ``threshold``,
+    :func:`w8a8_outlier_gemm_guarded` (the spike guard) on them."""
+    qweight = w8a8_untile_cpu(qweight_tiled)
+    if threshold is None:
+        return w8a8_outlier_gemm(x, qweight, weight_scale, outlier_idx, outlier_weight)
+    return w8a8_outlier_gemm_guarded(x, qweight, weight_scale, outlier_idx, outlier_weight, threshold)
 
 
 def w8a8_outlier_gemm_guarded(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor,
@@ -303,16 +353,22 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 # the forms of a linear compress::decode_layer takes (the runtime's load-time ones) and
 # how many tensors each brings
-DECODE_LAYER_TENSORS = {"w4a16_prepared": 3, "w8a8_prepared": 2, "llm_int8_prepared": 4, "dense": 1}
+# (llm_int8_guarded_prepared: the fifth is the spike guard's threshold, a 0-dim fp32 tensor)
+DECODE_LAYER_TENSORS = {"w4a16_prepared": 3, "w4a8_prepared": 3, "w8a8_prepared": 2, "llm_int8_prepared": 4,
+                        "llm_int8_guarded_prepared": 5, "dense": 1}
 
 
 def _decode_layer_linear(scheme: str, group_size: int, w: list[torch.Tensor], bias, x: torch.Tensor) -> torch.Tensor:
     if scheme == "w4a16_prepared":
         y = w4a16_gemm_prepared(x, w[0], w[1], w[2], group_size)
+    elif scheme == "w4a8_prepared":
+        y = w4a8_gemm_prepared(x, w[0], w[1], w[2], group_size)
     elif scheme == "w8a8_prepared":
         y = w8a8_gemm_prepared(x, w[0], w[1])
     elif scheme == "llm_int8_prepared":
         y = w8a8_outlier_gemm_prepared(x, w[0], w[1], w[2], w[3])
+    elif scheme == "llm_int8_guarded_prepared":
+        y = w8a8_outlier_gemm_prepared(x, w[0], w[1], w[2], w[3], float(w[4]))
     else:
         y = x @ w[0].to(x.dtype).t()
     return y if bias is None else y + bias.to(y.dtype)

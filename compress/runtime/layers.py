@@ -11,11 +11,29 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from compress.errors import UserError
 from compress.ops import get_op, native_available
 from compress.runtime.int4_padding import pad_activations, pad_int4_in_features
 from compress.runtime.outlier_columns import checked_outlier_idx
 from compress.ops.reference import (w4a16_prepare_cpu_scales, w4a16_tile_cpu, w4a16_untile_cpu,
                                     w8a8_outlier_gemm_guarded, w8a8_tile_cpu, w8a8_untile_cpu)
+
+# How int4 (w4a16) layers treat their activations (LLM(w4_activations=...)):
+#   "float": as the scheme says: activations in the model's dtype, each weight dequantized
+#            as (u - zero) * scale in fp32, fp32 FMAs (op w4a16_gemm[_prepared]); what
+#            transformers computes on the same export.
+#   "int8":  the CPU fast path: activations quantized to int8 per block of 32 along K and
+#            integer dot products, as llama.cpp's Q4 x Q8 (op w4a8_gemm[_prepared]);
+#            faster kernels, logits ~0.4% off the scheme's.
+W4_ACTIVATIONS = ("float", "int8")
+
+
+def check_w4_activations(value: str) -> str:
+    """``value`` if it is one of :data:`W4_ACTIVATIONS`, else a UserError naming it."""
+    if value not in W4_ACTIVATIONS:
+        raise UserError(f"w4_activations: unknown activation precision {value!r} for int4 layers; "
+                        f"choose one of {list(W4_ACTIVATIONS)}")
+    return value
 
 
 class DenseLinear(nn.Module):
@@ -91,13 +109,13 @@ class _CpuTiledWeight:
     qweight_tiled = False
     _tile = _untile = None  # the scheme's reference tiling functions (staticmethods)
 
-    def _retile(self, backend: str, allowed: bool = True) -> bool:
+    def _retile(self, backend: str) -> bool:
         """Restore the canonical qweight, then tile it if the native CPU kernels will run
-        this layer (and ``allowed``); returns whether it is tiled now."""
+        this layer; returns whether it is tiled now."""
         if self.qweight_tiled:
             self.qweight, self.qweight_tiled = self._untile(self.qweight), False
         self.qweight = self.qweight.contiguous()
-        if allowed and backend == "native" and self.qweight.device.type == "cpu" and native_available("cpu"):
+        if backend == "native" and self.qweight.device.type == "cpu" and native_available("cpu"):
             self.qweight, self.qweight_tiled = self._tile(self.qweight), True
         return self.qweight_tiled
 
@@ -107,9 +125,12 @@ class _CpuTiledWeight:
 
 class Int4Linear(_CpuTiledWeight, _OpLinear):
     """W4A16: groupwise asymmetric int4 weights, float activations. A per-channel weight
-    whose K the kernels cannot take is padded here, once (``runtime/int4_padding.py``)."""
+    whose K the kernels cannot take is padded here, once (``runtime/int4_padding.py``).
+    ``activations`` (set before ``prepare``): "float" (the default) or "int8", the CPU
+    fast path (:data:`W4_ACTIVATIONS`)."""
     scheme = "w4a16"
     op_name = "w4a16_gemm"
+    activations = "float"
     _tile, _untile = staticmethod(w4a16_tile_cpu), staticmethod(w4a16_untile_cpu)
 
     def __init__(self, qweight, scales, zeros, group_size: int, in_features: int, bias=None):
@@ -180,17 +201,21 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
     def decode_spec(self):
         if self.cpu_scales is None or self.k_padded != self.in_features:  # decode_layer passes x unpadded
             return None
-        return "w4a16_prepared", self.group_size, [self.qweight, *self.cpu_scales], self.bias
+        scheme = "w4a8_prepared" if self.activations == "int8" else "w4a16_prepared"
+        return scheme, self.group_size, [self.qweight, *self.cpu_scales], self.bias
 
     def gemm(self, x2d):
         x2d = pad_activations(x2d, self.k_padded)
-        if self.cuda_layout is not None and x2d.dtype in (torch.float16, torch.bfloat16):
+        int8 = self.activations == "int8"
+        if self.cuda_layout is not None and not int8 and x2d.dtype in (torch.float16, torch.bfloat16):
             qs, _, zt = self.cuda_layout
             return torch.ops.compress.w4a16_gemm_shuffled(x2d, qs, self._cuda_scales(x2d.dtype), zt,
                                                           self.group_size, self.out_features)
         if self.cpu_scales is not None:
-            return torch.ops.compress.w4a16_gemm_prepared(x2d, self.qweight, *self.cpu_scales, self.group_size)
-        return get_op(self.op_name, self.backend)(x2d, self.qweight, self.scales, self.zeros, self.group_size)
+            op = torch.ops.compress.w4a8_gemm_prepared if int8 else torch.ops.compress.w4a16_gemm_prepared
+            return op(x2d, self.qweight, *self.cpu_scales, self.group_size)
+        op = get_op("w4a8_gemm" if int8 else self.op_name, self.backend)
+        return op(x2d, self.qweight, self.scales, self.zeros, self.group_size)
 
 
 class Int8Linear(_CpuTiledWeight, _OpLinear):
@@ -236,27 +261,32 @@ class Int8OutlierLinear(_CpuTiledWeight, _OpLinear):
         self.register_buffer("outlier_idx", outlier_idx)
         self.register_buffer("outlier_weight", outlier_weight)
         self.threshold = threshold  # spike guard (reference.w8a8_outlier_gemm_guarded); None: static set only
+        self.threshold_tensor = None  # the threshold as decode_layer takes it (made in prepare)
 
     def prepare(self, backend: str = "native") -> None:
         super().prepare(backend)
-        # the spike guard reads weight columns of the canonical layout: it keeps that one
-        self._retile(backend, allowed=self.threshold is None)
+        self._retile(backend)  # the native prepared op runs the spike guard itself
         self.weight_scale = self.weight_scale.contiguous()
         self.outlier_idx = checked_outlier_idx(self.outlier_idx, self.out_features, self.in_features)
         self.outlier_weight = self.outlier_weight.contiguous()
         if self.outlier_weight.is_cuda:  # the CUDA epilogue sums the outliers in fp32: convert once here
             self.outlier_weight = self.outlier_weight.float()
+        self.threshold_tensor = (None if self.threshold is None
+                                 else torch.tensor(float(self.threshold), dtype=torch.float32))
 
     def decode_spec(self):
-        if not self.qweight_tiled:  # the spike guard runs in Python around the op
+        if not self.qweight_tiled:
             return None
-        return ("llm_int8_prepared", 0, [self.qweight, self.weight_scale, self.outlier_idx, self.outlier_weight],
-                self.bias)
+        tensors = [self.qweight, self.weight_scale, self.outlier_idx, self.outlier_weight]
+        if self.threshold is None:
+            return "llm_int8_prepared", 0, tensors, self.bias
+        return "llm_int8_guarded_prepared", 0, [*tensors, self.threshold_tensor], self.bias
 
     def gemm(self, x2d):
         if self.qweight_tiled:
-            return torch.ops.compress.w8a8_outlier_gemm_prepared(x2d, self.qweight, self.weight_scale,
-                                                                 self.outlier_idx, self.outlier_weight)
+            return torch.ops.compress.w8a8_outlier_gemm_prepared(
+                x2d, self.qweight, self.weight_scale, self.outlier_idx, self.outlier_weight,
+                None if self.threshold is None else float(self.threshold))
         op = get_op(self.op_name, self.backend)
         if self.threshold is None:
             return op(x2d, self.qweight, self.weight_scale, self.outlier_idx, self.outlier_weight)

@@ -15,8 +15,12 @@
 // Each of the four linears (qkv, o, gate_up, down) names its scheme and takes that
 // many tensors from `weights`, in order:
 //   w4a16_prepared:    qweight (row-tiled), scale (fp32), zeros (uint8): reference.w4a16_prepare_cpu
+//                      (float activations, w4a16_gemm_prepared)
+//   w4a8_prepared:     the same tensors, int8 activations per block of 32 (w4a8_gemm_prepared)
 //   w8a8_prepared:     qweight (row-tiled, reference.w8a8_tile_cpu), weight_scale
 //   llm_int8_prepared: the same plus outlier_idx, outlier_weight (static set)
+//   llm_int8_guarded_prepared: the same four plus the spike guard's threshold (a
+//                      one-element float32 tensor)
 //   dense:          weight [N, K]
 #include <torch/library.h>
 #include <ATen/ATen.h>
@@ -33,12 +37,22 @@
 namespace compress_cpu {
 
 int64_t decode_linear_tensors(const std::string& scheme) {
-  if (scheme == "w4a16_prepared") return 3;
+  if (scheme == "w4a16_prepared" || scheme == "w4a8_prepared") return 3;
   if (scheme == "w8a8_prepared") return 2;
   if (scheme == "llm_int8_prepared") return 4;
+  if (scheme == "llm_int8_guarded_prepared") return 5;
   if (scheme == "dense") return 1;
   TORCH_CHECK(false, "decode_layer: unknown linear scheme '", scheme,
-              "'; expected w4a16_prepared, w8a8_prepared, llm_int8_prepared or dense");
+              "'; expected w4a16_prepared, w4a8_prepared, w8a8_prepared, llm_int8_prepared, "
+              "llm_int8_guarded_prepared or dense");
+}
+
+void check_decode_linear(const DecodeLinear& l, const char* where) {
+  if (l.scheme != "llm_int8_guarded_prepared") return;
+  const at::Tensor& t = l.w[4];
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.numel() == 1 && t.device().is_cpu(), where,
+              ": an llm_int8_guarded_prepared linear's fifth tensor must be the spike threshold as one float32 "
+              "value on the CPU, got ", t.scalar_type(), " ", t.sizes());
 }
 
 at::Tensor run_decode_linear(const DecodeLinear& l, const at::Tensor& x, at::Tensor* out) {
@@ -47,9 +61,17 @@ at::Tensor run_decode_linear(const DecodeLinear& l, const at::Tensor& x, at::Ten
   if (l.scheme == "w4a16_prepared")
     y = into ? w4a16_gemm_prepared_into(x, l.w[0], l.w[1], l.w[2], l.group_size, *out)
              : w4a16_gemm_prepared(x, l.w[0], l.w[1], l.w[2], l.group_size);
+  else if (l.scheme == "w4a8_prepared")
+    y = into ? w4a8_gemm_prepared_into(x, l.w[0], l.w[1], l.w[2], l.group_size, *out)
+             : w4a8_gemm_prepared(x, l.w[0], l.w[1], l.w[2], l.group_size);
   else if (l.scheme == "w8a8_prepared")
     y = into ? w8a8_gemm_prepared_into(x, l.w[0], l.w[1], *out) : w8a8_gemm_prepared(x, l.w[0], l.w[1]);
-  else if (l.scheme == "llm_int8_prepared") y = w8a8_outlier_gemm_prepared(x, l.w[0], l.w[1], l.w[2], l.w[3]);
+  else if (l.scheme == "llm_int8_prepared" || l.scheme == "llm_int8_guarded_prepared") {
+    c10::optional<double> threshold;  // check_decode_linear checked the guarded form's threshold tensor
+    if (l.scheme == "llm_int8_guarded_prepared") threshold = static_cast<double>(*l.w[4].data_ptr<float>());
+    y = into ? w8a8_outlier_gemm_prepared_into(x, l.w[0], l.w[1], l.w[2], l.w[3], threshold, *out)
+             : w8a8_outlier_gemm_prepared(x, l.w[0], l.w[1], l.w[2], l.w[3], threshold);
+  }
   else y = at::mm(x, l.w[0].to(x.scalar_type()).t());
   if (l.bias.has_value()) y.add_(l.bias->to(y.scalar_type()));
   return y;
@@ -171,6 +193,7 @@ std::vector<DecodeLinear> decode_linears(const std::vector<std::string>& schemes
     TORCH_CHECK(next + n <= weights.size(), "decode_layer: weights has ", weights.size(),
                 " tensors, fewer than the schemes need");
     lin[i] = DecodeLinear{schemes[i], group_sizes[i], weights.data() + next, biases[i]};
+    check_decode_linear(lin[i], "decode_layer");
     next += n;
   }
   TORCH_CHECK(next == weights.size(), "decode_layer: weights has ", weights.size(), " tensors, the schemes take ", next);

@@ -90,6 +90,7 @@ class DecodePlan {
     head->eps = eps;
     head->weights = std::move(weights);  // lm_head points into this vector: never resized again
     head->lm_head = DecodeLinear{scheme, group_size, head->weights.data(), std::move(bias)};
+    check_decode_linear(head->lm_head, "DecodePlan.set_head");
     head_ = std::move(head);
   }
 

@@ -3,12 +3,14 @@
 // the run-time ISA query / override used by compress.ops (cpu_isa, set_cpu_isa), the
 // W8A8 int16 GEMM's and AMX tiles' row thresholds (set_w8a8_int16_min_rows,
 // w8a8_int16_min_rows, set_w8a8_amx_min_rows, w8a8_amx_min_rows, w8a8_amx_available), the
-// W4A16 AMX tiles' (set_w4a16_amx_min_rows, w4a16_amx_min_rows, w4a16_amx_available), the
+// W4A8 op's AMX tiles' (set_w4a16_amx_min_rows, w4a16_amx_min_rows, w4a16_amx_available), the
+// float W4A16 op's at::mm threshold (set_w4a16_mm_min_rows, w4a16_mm_min_rows), the
 // compute-peak probe and the DecodePlan class (decode_plan.cpp).
 #include <Python.h>
 
 #include "cpu/kernel_common.h"
 #include "cpu/w4a16_common.h"
+#include "cpu/w4a16_kernel.h"
 #include "cpu/w8a8_kernel.h"
 
 static PyObject* py_cpu_isa(PyObject*, PyObject*) {
@@ -55,6 +57,9 @@ static PyObject* py_set_w8a8_amx_min_rows(PyObject*, PyObject* arg) {
 static PyObject* py_set_w4a16_amx_min_rows(PyObject*, PyObject* arg) {
   return set_min_rows("set_w4a16_amx_min_rows", arg, compress_cpu::w4::set_amx_min_rows);
 }
+static PyObject* py_set_w4a16_mm_min_rows(PyObject*, PyObject* arg) {
+  return set_min_rows("set_w4a16_mm_min_rows", arg, compress_cpu::w4::set_float_mm_min_rows);
+}
 
 template <bool (*Available)()>
 static PyObject* py_available(PyObject*, PyObject*) {
@@ -82,10 +87,16 @@ static PyMethodDef compress_c_methods[] = {
     {"w8a8_amx_available", py_available<compress_cpu::amx_int8_available>, METH_NOARGS,
      "Whether this CPU and OS let the W8A8 ops use AMX-INT8 tiles."},
     {"set_w4a16_amx_min_rows", py_set_w4a16_amx_min_rows, METH_O,
-     "Fewest rows for which W4A16 at the avx512_vnni level takes the AMX-BF16 tiles where the CPU has "
-     "them (bf16 activations and dequantized weights, fp32 sums); returns the previous value."},
+     "Fewest rows for which the int8-activation int4 ops (w4a8_gemm*) at the avx512_vnni level take the "
+     "AMX-BF16 tiles where the CPU has them (bf16 activations and dequantized weights, fp32 sums); returns "
+     "the previous value."},
     {"w4a16_amx_min_rows", py_get_rows<compress_cpu::w4::amx_min_rows>, METH_NOARGS,
-     "Fewest rows for which W4A16 takes the AMX-BF16 tiles (set_w4a16_amx_min_rows)."},
+     "Fewest rows for which w4a8_gemm* takes the AMX-BF16 tiles (set_w4a16_amx_min_rows)."},
+    {"set_w4a16_mm_min_rows", py_set_w4a16_mm_min_rows, METH_O,
+     "Fewest rows for which the float-activation int4 ops (w4a16_gemm*) dequantize weight blocks to fp32 "
+     "and use at::mm instead of their register tiles (the same weights); returns the previous value."},
+    {"w4a16_mm_min_rows", py_get_rows<compress_cpu::w4::float_mm_min_rows>, METH_NOARGS,
+     "Fewest rows for which w4a16_gemm* uses at::mm (set_w4a16_mm_min_rows)."},
     {"w4a16_amx_available", py_available<compress_cpu::amx_bf16_available>, METH_NOARGS,
      "Whether this CPU and OS let the W4A16 ops use AMX-BF16 tiles."},
     {"compute_peak", py_compute_peak, METH_VARARGS,

@@ -14,8 +14,11 @@ namespace compress_cpu {
 at::Tensor w4a16_gemm_prepared(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                                const at::Tensor& scaled_zero, int64_t group_size);
 at::Tensor w8a8_gemm_prepared(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& weight_scale);
+at::Tensor w4a8_gemm_prepared(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                              const at::Tensor& zeros, int64_t group_size);
 at::Tensor w8a8_outlier_gemm_prepared(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& weight_scale,
-                                      const at::Tensor& outlier_idx, const at::Tensor& outlier_weight);
+                                      const at::Tensor& outlier_idx, const at::Tensor& outlier_weight,
+                                      c10::optional<double> threshold);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
                                                 const at::Tensor& weight, double eps);
@@ -33,21 +36,30 @@ int64_t argmax_row_f32(const float* x, int64_t n);
 // x and a contiguous float32 out [M, N]; the norms outputs of x's sizes and dtype.
 at::Tensor& w4a16_gemm_prepared_into(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                                      const at::Tensor& zeros, int64_t group_size, at::Tensor& out);
+at::Tensor& w4a8_gemm_prepared_into(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                                    const at::Tensor& zeros, int64_t group_size, at::Tensor& out);
 at::Tensor& w8a8_gemm_prepared_into(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& weight_scale,
                                     at::Tensor& out);
+at::Tensor& w8a8_outlier_gemm_prepared_into(const at::Tensor& x, const at::Tensor& qweight,
+                                            const at::Tensor& weight_scale, const at::Tensor& outlier_idx,
+                                            const at::Tensor& outlier_weight, c10::optional<double> threshold,
+                                            at::Tensor& out);
 void rms_norm_into(const at::Tensor& x, const at::Tensor& weight, double eps, at::Tensor& y);
 void add_rms_norm_into(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps,
                        at::Tensor& y, at::Tensor& sum);
 
 // One of a decoder layer's four linears as decode_layer runs it (decode_layer.cpp).
 struct DecodeLinear {
-  std::string scheme;  // w4a16_prepared, w8a8_prepared, llm_int8_prepared or dense
+  std::string scheme;  // w4a16_prepared, w4a8_prepared, w8a8_prepared, llm_int8_prepared,
+                       // llm_int8_guarded_prepared or dense
   int64_t group_size = 0;
   const at::Tensor* w = nullptr;  // first of this linear's tensors, in a vector that outlives this
   c10::optional<at::Tensor> bias;
 };
 // How many tensors a linear of `scheme` takes (an error naming the scheme if unknown).
 int64_t decode_linear_tensors(const std::string& scheme);
+// Checks what the tensor count does not (the guarded LLM.int8 threshold); errors name `where`.
+void check_decode_linear(const DecodeLinear& l, const char* where);
 // y = x W^T (+ bias) for one linear, in x's dtype. With `out` (float32 [M, N],
 // contiguous) and float32 x, the int4 / int8 schemes write into it and return it.
 at::Tensor run_decode_linear(const DecodeLinear& l, const at::Tensor& x, at::Tensor* out = nullptr);

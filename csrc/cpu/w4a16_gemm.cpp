@@ -1,199 +1,163 @@
-// compress::w4a16_gemm on CPU: x [M, K] (fp32 / bf16 / fp16) @ dequant(int4 W [N, K])^T.
-// Reference: compress/ops/reference.py::w4a16_gemm. Layout notes: csrc/cpu/README.md.
+// compress::w4a16_gemm on CPU: x [M, K] (fp32 / bf16 / fp16) @ dequant(int4 W [N, K])^T
+// with float activations, the numbers the w4a16 scheme (and its compressed-tensors
+// export) promises. Reference: compress/ops/reference.py::w4a16_gemm.
+// compress::w4a16_gemm_prepared: the same on the load-time tensors (row-tiled qweight,
+// fp32 scales, uint8 zeros), what the runtime calls.
 //
-// Method (as llama.cpp does for Q4 x Q8): activations are quantized to int8 per block
-// of 32 along K (symmetric, round-half-even), the dot products run in integers
-// (u8 nibble x s8 activation -> int32 per block), and per block the int32 sum is scaled
-// by (activation block scale x weight group scale). The zero point is folded out:
-//   y = sum_g s_g * (sum_{b in g} sx_b * dot_b  -  z_g * X_g),  X_g = sum_{b in g} sx_b * sum(q_b)
-// The canonical packing (8 nibbles per int32, k ascending from the low bits) already
-// gives the kernel what it wants: in a 32-byte run covering k0..k0+63, the low nibbles
-// are the even k and the high nibbles the odd k. So the weights are used in place
-// (no repack) and the activations are permuted instead, once per call:
-// chunk c of row m holds [q(k0+0), q(k0+2), ..., q(k0+62) | q(k0+1), ..., q(k0+63)].
-// Group sizes that are not a multiple of 32 take an exact fp32 dequantize path.
+// Each weight is dequantized exactly as the reference does, w = (u - z) * s in fp32, and
+// multiplied with fp32 FMAs, so the result differs from the reference only in the order
+// of the sums. Few rows (decode): register tiles that decode each 32-byte run of nibbles
+// once for all their rows (w4a16_float_tile.inc; AVX2 and AVX-512). Many rows (prefill):
+// blocks of weight rows dequantized to fp32 and multiplied with at::mm. Both read the
+// activations permuted to the nibbles' order (per 64 k: the even k, then the odd k).
+// Group sizes that are neither 32 nor a multiple of 64 dequantize in K order and use
+// at::mm at any M.
+//
+// The faster int8-activation kernel of the same checkpoints is compress::w4a8_gemm
+// (w4a8_gemm.cpp); the runtime takes it with LLM(w4_activations="int8").
 #include <torch/library.h>
 
 #include <immintrin.h>
 
 #include <atomic>
-#include <cmath>
+#include <memory>
 #include <vector>
 
-#include "cpu/amx_common.h"
-#include "cpu/kernel_common.h"
 #include "cpu/ops.h"
 #include "cpu/w4a16_common.h"
+#include "cpu/w4a16_kernel.h"
 
 namespace compress_cpu {
+namespace w4 {
 namespace {
 
-using namespace w4;
-
-void quantize_activations(const at::Tensor& x, int64_t G, int64_t KC, int8_t* xq, float* xs, float* xg) {
-  const int64_t M = x.size(0), K = x.size(1), NG = K / G;
-  const bool avx2 = active_isa() >= Isa::Avx2;
-  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
-    std::vector<float> buf(x.scalar_type() == at::kFloat ? 0 : K);
-    for (int64_t m = m0; m < m1; ++m) {
-      const float* row = x.scalar_type() == at::kFloat ? x.data_ptr<float>() + m * K : buf.data();
-      if (!buf.empty()) row_to_float(x, m, buf.data());
-      quantize_row(row, K, G, KC, avx2, xq + m * KC * kChunk, xs + m * KC * 8, xg + m * NG);
-    }
-  });
-}
-
-// ---- AVX2 ---------------------------------------------------------------------------
+// ---- AVX2 (8 floats) ----------------------------------------------------------------
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
-
-namespace avx2 {
-#define W4_VNNI 0
-#include "cpu/w4a16_tile.inc"
-#undef W4_VNNI
-}  // namespace avx2
-
-void w4_avx2(const W4Args& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-  if (a.G == 32) avx2::w4_block_avx<true>(a, m0, m1, n0, n1);
-  else avx2::w4_block_avx<false>(a, m0, m1, n0, n1);
+namespace favx2 {
+using Vec = __m256;
+constexpr int kLanes = 8;
+constexpr int kFloatTileRows = 2;  // 2 x 4 tiles: 8 accumulators of the 16 registers
+constexpr int kRowAcc = 1;
+inline Vec vzero() { return _mm256_setzero_ps(); }
+inline Vec vset1(float v) { return _mm256_set1_ps(v); }
+inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline Vec vmul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline float vsum(Vec v) { return hsum256_ps(v); }
+template <int P>
+inline Vec bytes_to_float(__m256i b) {
+  const __m128i half = P < 2 ? _mm256_castsi256_si128(b) : _mm256_extracti128_si256(b, 1);
+  const __m128i bytes = P % 2 == 0 ? half : _mm_unpackhi_epi64(half, half);
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
 }
+#include "cpu/w4a16_float_tile.inc"
+}  // namespace favx2
 #pragma GCC pop_options
 
-// ---- AVX-512 VNNI (256-bit vpdpbusd: same tiles, one instruction per half-chunk) ----
+// ---- AVX-512 (16 floats; the avx512_vnni level) --------------------------------------
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
-namespace vnni {
-#define W4_VNNI 1
-#include "cpu/w4a16_tile.inc"
-#undef W4_VNNI
-}  // namespace vnni
-
-void w4_avx512vnni(const W4Args& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-  if (a.G == 32) vnni::w4_block_avx<true>(a, m0, m1, n0, n1);
-  else vnni::w4_block_avx<false>(a, m0, m1, n0, n1);
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")
+// GCC 12 takes the 512-bit intrinsics' own _mm512_undefined_* pass-through operand for an
+// uninitialized variable (-W(maybe-)uninitialized); nothing here reads it.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+namespace favx512 {
+using Vec = __m512;
+constexpr int kLanes = 16;
+constexpr int kFloatTileRows = 4;  // 4 x 4 tiles: 16 accumulators of the 32 registers
+constexpr int kRowAcc = 2;
+inline Vec vzero() { return _mm512_setzero_ps(); }
+inline Vec vset1(float v) { return _mm512_set1_ps(v); }
+inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline Vec vmul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline float vsum(Vec v) { return _mm512_reduce_add_ps(v); }
+template <int P>
+inline Vec bytes_to_float(__m256i b) {
+  const __m128i bytes = P == 0 ? _mm256_castsi256_si128(b) : _mm256_extracti128_si256(b, 1);
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
 }
+#include "cpu/w4a16_float_tile.inc"
+}  // namespace favx512
+#pragma GCC diagnostic pop
 #pragma GCC pop_options
 
-// ---- AMX-BF16 (on top of the AVX-512 VNNI level), many rows -------------------------
-// Not in the SIMDe build of csrc/cpu/tests/check_vnni_emulated.sh (no AMX to emulate,
-// and no vcvtne2ps2bf16 in SIMDe); there amx_bf16_available() is false.
-#ifndef COMPRESS_ISA_EMULATION
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")
-#include "cpu/w4a16_amx.inc"
-#pragma GCC pop_options
-
-// The whole op on the AMX tiles (K % 64 == 0, a tile group size): bf16 activations in
-// the B layout, then 32-column panels from a shared counter, dequantized and multiplied.
-at::Tensor w4a16_run_amx(const at::Tensor& x, const W4Args& args, at::Tensor* out) {
-  const int64_t M = args.M, K = args.K, N = args.N;
-  const Scratch work(Scratch::kW4, w4_amx_activation_bytes(M, K));
-  uint16_t* xb = reinterpret_cast<uint16_t*>(work.data());
-  at::parallel_for(0, w4_amx_padded_rows(M) / 16, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<float> row(K);
-    std::vector<uint16_t> perm(K);
-    w4_amx_build_activations(x, b0, b1, xb, row.data(), perm.data());
-  });
-  at::Tensor y = out ? *out : at::empty({M, N}, x.options().dtype(at::kFloat));
-  W4Args a = args;
-  a.y = y.data_ptr<float>();
-  parallel_grabs(ceil_div(N, kW4AmxCols), kW4AmxPanelsPerGrab, [&](const auto& take) {
-    const Scratch mine(Scratch::kW4Panel, w4_amx_thread_bytes(K));
-    amx_load_config_16x64();
-    for (int64_t p0, p1; take(p0, p1);) w4_block_amx(a, xb, p0, p1, mine.data());
-    amx_release();
-  });
-  return float_to_activation_dtype(y, x.scalar_type());
+// ---- scalar ---------------------------------------------------------------------------
+inline float weight_at(const W4Args& a, int64_t n, int64_t k) {
+  const uint8_t byte = w4_row(a, n)[(k / kChunk) * w4_chunk_stride(a, n) + (k % kChunk) / 2];
+  const int u = (k & 1) ? (byte >> 4) : (byte & 0xF);
+  const int64_t g = n * a.NG + k / a.G;
+  return static_cast<float>(u - static_cast<int>(a.z[g])) * a.s[g];
 }
-#endif  // COMPRESS_ISA_EMULATION
 
-std::atomic<int64_t> w4_amx_rows{kW4AmxMinRows};
+// The scalar tiles: natural K order (xp unused; x fp32 rows [M, K] in `x`).
+void float_block_scalar(const W4Args& a, const float* x, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t m = m0; m < m1; ++m) {
+      float acc = 0.f;
+      for (int64_t k = 0; k < a.K; ++k) acc += x[m * a.K + k] * weight_at(a, n, k);
+      a.y[m * a.N + n] = acc;
+    }
+}
 
-// Exact fallback for the group sizes the tiles do not take (neither 32 nor a multiple of
-// 64): dequantize n-blocks to fp32 (w = u * s - s * z) and multiply with at::mm.
-at::Tensor w4_dequant_mm(const at::Tensor& x, const at::Tensor& qweight, const float* s, const uint8_t* z,
-                         int64_t G, int64_t N4) {
-  const int64_t N = qweight.size(0), K = x.size(1), NG = K / G;
-  at::Tensor xf = x.to(at::kFloat);
-  at::Tensor out = at::empty({x.size(0), N}, xf.options());
-  W4Args rows{};
-  rows.K = K, rows.N4 = N4, rows.w = reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>());
-  const int64_t nb = std::max<int64_t>(1, (4 << 20) / (K * 4));
-  at::Tensor wf = at::empty({std::min(nb, N), K}, xf.options());
-  for (int64_t n0 = 0; n0 < N; n0 += nb) {
-    const int64_t n1 = std::min(N, n0 + nb);
+// Rows [n0, n1) dequantized to fp32 in K order (dst [n1 - n0, K]): any group size, any ISA.
+void dequantize_rows_k_order(const W4Args& a, int64_t n0, int64_t n1, float* dst) {
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t k = 0; k < a.K; ++k) dst[(n - n0) * a.K + k] = weight_at(a, n, k);
+}
+
+// ---- activations ------------------------------------------------------------------------
+// Row m of x as fp32 in the permuted K order: per 64 k, the 32 even k then the 32 odd k;
+// zeros past K (a half chunk). `tmp`: K floats of scratch (non-fp32 x).
+void permute_row(const at::Tensor& x, int64_t m, int64_t KC, float* tmp, float* out) {
+  const int64_t K = x.size(1);
+  const float* row = tmp;
+  if (x.scalar_type() == at::kFloat) row = x.data_ptr<float>() + m * K;
+  else row_to_float(x, m, tmp);
+  for (int64_t c = 0; c < KC; ++c) {
+    float* o = out + c * kChunk;
+    const int64_t k0 = c * kChunk;
+    for (int64_t j = 0; j < 32; ++j) {
+      const int64_t k = k0 + 2 * j;
+      o[j] = k < K ? row[k] : 0.f;
+      o[32 + j] = k + 1 < K ? row[k + 1] : 0.f;
+    }
+  }
+}
+
+std::atomic<int64_t> mm_rows{kFloatMmMinRows};
+
+using BlockFn = void (*)(const W4Args&, const float*, int64_t, int64_t, int64_t, int64_t);
+using DequantFn = void (*)(const W4Args&, int64_t, int64_t, float*);
+
+// y = xs @ dequant(rows)^T through at::mm, n-blocks of ~4 MiB of fp32 weights dequantized
+// in parallel: `xs` [M, Kd] fp32 (Kd = K in K order, KC * 64 permuted), `dequant` writes
+// rows in the same order.
+void dequant_mm(const W4Args& a, const at::Tensor& xs, DequantFn dequant, at::Tensor& y) {
+  const int64_t Kd = xs.size(1);
+  const int64_t nb = std::min<int64_t>(a.N, std::max<int64_t>(8, (4 << 20) / (Kd * 4)));
+  at::Tensor wf = at::empty({nb, Kd}, xs.options());
+  for (int64_t n0 = 0; n0 < a.N; n0 += nb) {
+    const int64_t n1 = std::min(a.N, n0 + nb);
     float* dst = wf.data_ptr<float>();
-    at::parallel_for(n0, n1, 1, [&](int64_t b, int64_t e) {
-      for (int64_t n = b; n < e; ++n) {
-        const uint8_t* w = w4_row(rows, n);
-        const int64_t cs = w4_chunk_stride(rows, n);
-        for (int64_t k = 0; k < K; ++k) {
-          const uint8_t byte = w[(k / kChunk) * cs + (k % kChunk) / 2];
-          const int u = (k & 1) ? (byte >> 4) : (byte & 0xF);
-          const int64_t g = n * NG + k / G;
-          dst[(n - n0) * K + k] = static_cast<float>(u) * s[g] - s[g] * static_cast<float>(z[g]);
-        }
-      }
-    });
-    out.narrow(1, n0, n1 - n0).copy_(at::mm(xf, wf.narrow(0, 0, n1 - n0).t()));
+    at::parallel_for(n0, n1, 8, [&](int64_t b, int64_t e) { dequant(a, b, e, dst + (b - n0) * Kd); });
+    y.narrow(1, n0, n1 - n0).copy_(at::mm(xs, wf.narrow(0, 0, n1 - n0).t()));
   }
-  return out;
 }
 
-// The shared body of the entry points; `scale` is fp32 and `zeros` uint8, both [N, NG].
-// `tiled`: qweight is in the prepared row tiling (w4a16_gemm_prepared), else canonical.
-// `out`: where to write y (fp32 x only; w4a16_gemm_prepared_into), else a new tensor.
-at::Tensor w4a16_run(const at::Tensor& x_in, const at::Tensor& qweight_in,
-                     const at::Tensor& scale, const at::Tensor& zeros, int64_t G, bool tiled,
-                     at::Tensor* out = nullptr) {
-  const int64_t M = x_in.size(0), K = x_in.size(1), N = qweight_in.size(0), NG = K / G;
-  const at::Tensor x = x_in.contiguous(), qweight = qweight_in.contiguous();
-  if (M == 0 || N == 0) return out ? out->zero_() : at::zeros({M, N}, x.options());
-  const float* s = scale.data_ptr<float>();
-  const uint8_t* z = zeros.data_ptr<uint8_t>();
-  const int64_t N4 = tiled && K % kChunk == 0 ? N - N % kTileRows : 0;
-  // The tiles take groups of 32 (two to a 64-k chunk) or of a multiple of 64 (whole
-  // chunks); other sizes (16, 96, 160, ...) go through the exact dequantizing path.
-  if (G % kBlock != 0 || (G != kBlock && G % kChunk != 0)) {
-    at::Tensor y = w4_dequant_mm(x, qweight, s, z, G, N4);
-    return out ? out->copy_(y) : float_to_activation_dtype(y, x.scalar_type());
-  }
+}  // namespace
 
-  const int64_t KC = ceil_div(K, kChunk);
-#ifndef COMPRESS_ISA_EMULATION
-  if (active_isa() == Isa::Avx512Vnni && K % kChunk == 0 && M >= std::max<int64_t>(2, w4::amx_min_rows()) &&
-      amx_bf16_available()) {
-    const W4Args a{M, N, K, G, KC, NG, N4, reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>()), s, z,
-                   nullptr, nullptr, nullptr, nullptr};
-    return w4a16_run_amx(x, a, out);
-  }
-#endif
-  // One workspace for the quantized activations (int8 [M, KC*64]), their lane scales
-  // (fp32 [M, KC*8]) and group sums (fp32 [M, NG]): a decode step makes ~100 of these calls.
-  const int64_t xq_bytes = M * KC * kChunk, xs_floats = M * KC * 8;
-  const Scratch work(Scratch::kW4, xq_bytes + 4 * (xs_floats + M * NG));
-  int8_t* xq = reinterpret_cast<int8_t*>(work.data());
-  float* xs = reinterpret_cast<float*>(work.data() + xq_bytes);  // xq_bytes % 64 == 0
-  float* xg = xs + xs_floats;
-  quantize_activations(x, G, KC, xq, xs, xg);
+int64_t set_float_mm_min_rows(int64_t rows) { return mm_rows.exchange(rows); }
+int64_t float_mm_min_rows() { return mm_rows.load(std::memory_order_relaxed); }
 
-  at::Tensor y = out ? *out : at::empty({M, N}, x.options().dtype(at::kFloat));
-  W4Args a{M, N, K, G, KC, NG, N4, reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>()), s, z,
-           xq, xs, xg, y.data_ptr<float>()};
-  void (*kernel)(const W4Args&, int64_t, int64_t, int64_t, int64_t) = w4_scalar;
-  switch (active_isa()) {
-    case Isa::Avx512Vnni: kernel = w4_avx512vnni; break;
-    case Isa::Avx2: kernel = w4_avx2; break;
-    default: break;
-  }
-  // n-blocks of ~128 KiB of packed weights (L2), m-blocks of 64 rows.
-  const int64_t nb = std::max<int64_t>(8, ((128 << 10) / std::max<int64_t>(1, K / 2)) / 8 * 8);
-  parallel_tiles(M, N, 64, nb, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) { kernel(a, m0, m1, n0, n1); });
-  return float_to_activation_dtype(y, x.scalar_type());
-}
-
-void check_w4_args(const char* op, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
-                   const at::Tensor& zeros, int64_t G) {
+void check_args(const char* op, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                const at::Tensor& zeros, int64_t G) {
   TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D [M, K], got ", x.sizes());
   TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kInt, op, ": qweight must be int32 [N, K/8]");
   const int64_t K = x.size(1), N = qweight.size(0);
@@ -203,7 +167,6 @@ void check_w4_args(const char* op, const at::Tensor& x, const at::Tensor& qweigh
               ": scales/zeros must be [N, K/group_size]");
 }
 
-// The prepared entry points take the load-time fp32 scales and uint8 zero points.
 void check_prepared_metadata(const char* op, const at::Tensor& scale, const at::Tensor& zeros) {
   TORCH_CHECK(scale.scalar_type() == at::kFloat && zeros.scalar_type() == at::kByte && scale.is_contiguous() &&
                   zeros.is_contiguous(),
@@ -211,35 +174,87 @@ void check_prepared_metadata(const char* op, const at::Tensor& scale, const at::
               scale.scalar_type(), " and ", zeros.scalar_type());
 }
 
-}  // namespace
+at::Tensor run_float(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::Tensor& scale,
+                     const at::Tensor& zeros, int64_t G, bool tiled, at::Tensor* out) {
+  const int64_t M = x_in.size(0), K = x_in.size(1), N = qweight_in.size(0);
+  const at::Tensor x = x_in.contiguous(), qweight = qweight_in.contiguous();
+  if (M == 0 || N == 0) return out ? out->zero_() : at::zeros({M, N}, x.options());
+  const int64_t KC = ceil_div(K, kChunk), NG = K / G;
+  const int64_t N4 = tiled && K % kChunk == 0 ? N - N % kTileRows : 0;
+  at::Tensor y = out ? *out : at::empty({M, N}, x.options().dtype(at::kFloat));
+  const W4Args a{M, N, K, G, KC, NG, N4, reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>()),
+                 scale.data_ptr<float>(), zeros.data_ptr<uint8_t>(), nullptr, nullptr, nullptr, y.data_ptr<float>()};
+  const Isa isa = active_isa();
+  const bool tiles = G == kBlock || G % kChunk == 0;  // a group is half a run or whole runs
+  if (!tiles || isa == Isa::Scalar) {
+    const at::Tensor xf = x.to(at::kFloat).contiguous();
+    if (!tiles || M >= float_mm_min_rows()) {
+      dequant_mm(a, xf, dequantize_rows_k_order, y);
+    } else {
+      const float* xr = xf.data_ptr<float>();
+      parallel_tiles(M, N, 16, 64, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+        float_block_scalar(a, xr, m0, m1, n0, n1);
+      });
+    }
+    return float_to_activation_dtype(y, x.scalar_type());
+  }
+  const bool avx512 = isa == Isa::Avx512Vnni, g32 = G == kBlock;
+  // The permuted activations [M, KC * 64], then K floats per thread for non-fp32 rows.
+  const int64_t xp_floats = M * KC * kChunk;
+  const bool mm = M >= float_mm_min_rows();
+  at::Tensor xp_owned;
+  std::unique_ptr<Scratch> work;
+  float* xp;
+  if (mm) {  // at::mm reads it from its own threads: a tensor of our own
+    xp_owned = at::empty({M, KC * kChunk}, x.options().dtype(at::kFloat));
+    xp = xp_owned.data_ptr<float>();
+  } else {
+    work = std::make_unique<Scratch>(Scratch::kW4, xp_floats * 4);
+    xp = reinterpret_cast<float*>(work->data());
+  }
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    std::vector<float> tmp(x.scalar_type() == at::kFloat ? 0 : K);
+    for (int64_t m = m0; m < m1; ++m) permute_row(x, m, KC, tmp.data(), xp + m * KC * kChunk);
+  });
+  if (mm) {
+    DequantFn dq = avx512 ? (g32 ? favx512::dequantize_rows<true> : favx512::dequantize_rows<false>)
+                          : (g32 ? favx2::dequantize_rows<true> : favx2::dequantize_rows<false>);
+    dequant_mm(a, xp_owned, dq, y);
+  } else {
+    BlockFn block = avx512 ? (g32 ? favx512::float_block<true> : favx512::float_block<false>)
+                           : (g32 ? favx2::float_block<true> : favx2::float_block<false>);
+    // n-blocks of ~128 KiB of packed weights (L2), a multiple of 8 rows.
+    const int64_t nb = std::max<int64_t>(8, ((128 << 10) / std::max<int64_t>(1, K / 2)) / 8 * 8);
+    parallel_tiles(M, N, 64, nb, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) { block(a, xp, m0, m1, n0, n1); });
+  }
+  return float_to_activation_dtype(y, x.scalar_type());
+}
 
-int64_t w4::set_amx_min_rows(int64_t rows) { return w4_amx_rows.exchange(rows); }
-int64_t w4::amx_min_rows() { return w4_amx_rows.load(std::memory_order_relaxed); }
+}  // namespace w4
 
-// Canonical checkpoint tensors (scales fp32/fp16/bf16, zeros uint8): converted to the
-// kernel's fp32 (scale, scale * zero) per call. The runtime prepares once at load time
-// (reference.w4a16_prepare_cpu: row-tiled qweight, fp32 scales) and calls
-// w4a16_gemm_prepared instead.
+// Canonical checkpoint tensors (scales fp32/fp16/bf16, zeros uint8), converted to the
+// kernel's fp32 scales per call. The runtime prepares once at load time
+// (reference.w4a16_prepare_cpu) and calls w4a16_gemm_prepared instead.
 at::Tensor w4a16_gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                       const at::Tensor& zeros, int64_t group_size) {
-  check_w4_args("w4a16_gemm", x, qweight, scales, zeros, group_size);
-  const at::Tensor sf = scales.to(at::kFloat).contiguous();
-  return w4a16_run(x, qweight, sf, zeros.to(at::kByte).contiguous(), group_size, /*tiled=*/false);
+  w4::check_args("w4a16_gemm", x, qweight, scales, zeros, group_size);
+  return w4::run_float(x, qweight, scales.to(at::kFloat).contiguous(), zeros.to(at::kByte).contiguous(), group_size,
+                       /*tiled=*/false);
 }
 
 at::Tensor w4a16_gemm_prepared(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                                const at::Tensor& zeros, int64_t group_size) {
-  check_w4_args("w4a16_gemm_prepared", x, qweight, scale, zeros, group_size);
-  check_prepared_metadata("w4a16_gemm_prepared", scale, zeros);
-  return w4a16_run(x, qweight, scale, zeros, group_size, /*tiled=*/true);
+  w4::check_args("w4a16_gemm_prepared", x, qweight, scale, zeros, group_size);
+  w4::check_prepared_metadata("w4a16_gemm_prepared", scale, zeros);
+  return w4::run_float(x, qweight, scale, zeros, group_size, /*tiled=*/true);
 }
 
 at::Tensor& w4a16_gemm_prepared_into(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                                      const at::Tensor& zeros, int64_t group_size, at::Tensor& out) {
-  check_w4_args("w4a16_gemm_prepared_into", x, qweight, scale, zeros, group_size);
-  check_prepared_metadata("w4a16_gemm_prepared_into", scale, zeros);
+  w4::check_args("w4a16_gemm_prepared_into", x, qweight, scale, zeros, group_size);
+  w4::check_prepared_metadata("w4a16_gemm_prepared_into", scale, zeros);
   check_float_out("w4a16_gemm_prepared_into", x, qweight.size(0), out);
-  w4a16_run(x, qweight, scale, zeros, group_size, /*tiled=*/true, &out);
+  w4::run_float(x, qweight, scale, zeros, group_size, /*tiled=*/true, &out);
   return out;
 }
 

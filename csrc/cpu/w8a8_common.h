@@ -82,9 +82,10 @@ COMPRESS_TARGET("avx2") inline void widen_row_i16(const int8_t* q, int64_t n, in
 // (division, round half to even, clamp +-127): `row` (K fp32 values, modified) has its
 // outlier columns (idx, C of them) gathered to xo and zeroed before the absmax, as in
 // reference.w8a8_outlier_gemm; q and a (|q|) are zero-padded to Kp bytes. Returns the
-// row's scale.
+// row's scale; `amax` (when given) receives the row's absmax outside the outlier columns
+// (the LLM.int8 spike guard's test, w8a8_kernel.cpp).
 inline float quantize_row(float* row, int64_t K, const int64_t* idx, int64_t C, int64_t Kp, bool avx2,
-                          int8_t* q, uint8_t* a, float* xo) {
+                          int8_t* q, uint8_t* a, float* xo, float* amax_out = nullptr) {
   for (int64_t c = 0; c < C; ++c) xo[c] = row[idx[c]];
   for (int64_t c = 0; c < C; ++c) row[idx[c]] = 0.f;
   float amax = 0.f;
@@ -93,6 +94,7 @@ inline float quantize_row(float* row, int64_t K, const int64_t* idx, int64_t C, 
   } else {
     for (int64_t j = 0; j < K; ++j) amax = std::max(amax, std::fabs(row[j]));
   }
+  if (amax_out) *amax_out = amax;
   const float s = std::max(amax, 1e-10f) / 127.f;
   const int64_t done = avx2 ? quantize_span_avx2(row, s, K, q, a) : 0;
   quantize_span_scalar(row + done, s, K - done, q + done, a + done);

@@ -30,9 +30,10 @@ namespace compress_cpu {
 namespace w8 {
 
 // Per-token quantization of every row (w8a8_common.h: quantize_row); with `x16`, each
-// row also widened to int16 while it is in cache (the int16 GEMM's activations).
+// row also widened to int16 while it is in cache (the int16 GEMM's activations); with
+// `amax`, each row's absmax outside the outlier columns.
 inline void quantize_rows(const at::Tensor& x, const int64_t* idx, int64_t C, int64_t Kp, int8_t* qx,
-                          uint8_t* ax, float* sx, float* xo, int16_t* x16) {
+                          uint8_t* ax, float* sx, float* xo, int16_t* x16, float* amax) {
   const int64_t M = x.size(0), K = x.size(1);
   const bool avx2 = active_isa() >= Isa::Avx2;
   // fp32 rows without outlier columns are read in place (quantize_row writes to its row
@@ -43,7 +44,7 @@ inline void quantize_rows(const at::Tensor& x, const int64_t* idx, int64_t C, in
     for (int64_t m = m0; m < m1; ++m) {
       float* row = in_place ? x.data_ptr<float>() + m * K : buf.data();
       if (!in_place) row_to_float(x, m, buf.data());
-      sx[m] = quantize_row(row, K, idx, C, Kp, avx2, qx + m * Kp, ax + m * Kp, xo + m * C);
+      sx[m] = quantize_row(row, K, idx, C, Kp, avx2, qx + m * Kp, ax + m * Kp, xo + m * C, amax ? amax + m : nullptr);
       if (x16) widen_row_i16(qx + m * Kp, Kp, x16 + m * Kp);
     }
   });
@@ -78,10 +79,60 @@ int64_t int16_min_rows() { return int16_rows.load(std::memory_order_relaxed); }
 int64_t set_amx_min_rows(int64_t rows) { return amx_rows.exchange(rows); }
 int64_t amx_min_rows() { return amx_rows.load(std::memory_order_relaxed); }
 
+namespace {
+
+// The spike guard's columns: those outside `idx` where |x| reaches `threshold` in some
+// row, ascending (reference.w8a8_outlier_gemm_guarded: col_max >= threshold).
+std::vector<int64_t> spike_columns(const at::Tensor& x, const std::vector<int64_t>& idx, double threshold) {
+  const int64_t M = x.size(0), K = x.size(1);
+  std::vector<uint8_t> calibrated(K, 0);
+  for (int64_t c : idx) calibrated[c] = 1;
+  std::vector<float> col_max(K, 0.f), row(K);
+  for (int64_t m = 0; m < M; ++m) {
+    row_to_float(x, m, row.data());
+    for (int64_t k = 0; k < K; ++k) col_max[k] = std::max(col_max[k], std::fabs(row[k]));
+  }
+  std::vector<int64_t> extra;
+  for (int64_t k = 0; k < K; ++k)
+    if (!calibrated[k] && static_cast<double>(col_max[k]) >= threshold) extra.push_back(k);
+  return extra;
+}
+
+// The call again with the spike columns `extra` among the outliers: outlier_idx + extra,
+// and outlier weights [N, C + E] in fp32, the static ones widened and the spike columns'
+// int8 weights dequantized (q * weight_scale in fp32, as the reference's w_extra).
+at::Tensor run_with_spikes(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& wscale,
+                           const std::vector<int64_t>& idx, const at::Tensor& ow, const std::vector<int64_t>& extra,
+                           bool tiled, const char* op, at::Tensor* out) {
+  const int64_t N = qweight.size(0), K = qweight.size(1), C = static_cast<int64_t>(idx.size());
+  const int64_t E = static_cast<int64_t>(extra.size());
+  at::Tensor idx2 = at::empty({C + E}, at::kLong);
+  std::copy(idx.begin(), idx.end(), idx2.data_ptr<int64_t>());
+  std::copy(extra.begin(), extra.end(), idx2.data_ptr<int64_t>() + C);
+  at::Tensor ow2 = at::empty({N, C + E}, x.options().dtype(at::kFloat));
+  if (C) ow2.narrow(1, 0, C).copy_(ow);
+  Args layout{};
+  layout.K = K, layout.N4 = tiled && K % kTileChunk == 0 ? N - N % kTileRows : 0, layout.w = qweight.data_ptr<int8_t>();
+  const void* ws = wscale.data_ptr();
+  const ScaleType wst = scale_type_of(wscale);
+  float* dst = ow2.data_ptr<float>();
+  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const int8_t* w = w8_row(layout, n);
+      const int64_t cs = w8_chunk_stride(layout, n);
+      const float s = load_scale(ws, wst, n);
+      for (int64_t e = 0; e < E; ++e) dst[n * (C + E) + C + e] = static_cast<float>(*w8_at(w, cs, extra[e])) * s;
+    }
+  });
+  return run(x, qweight, wscale, &idx2, &ow2, tiled, op, out);
+}
+
+}  // namespace
+
 // Runs the whole op: quantize, tiles over the intra-op pool, cast to x's dtype.
 at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::Tensor& wscale_in,
                const at::Tensor* outlier_idx, const at::Tensor* outlier_weight, bool tiled, const char* op,
-               at::Tensor* out) {
+               at::Tensor* out, c10::optional<double> threshold) {
   TORCH_CHECK(x_in.dim() == 2, op, ": x must be 2-D [M, K], got ", x_in.sizes());
   TORCH_CHECK(qweight_in.dim() == 2 && qweight_in.scalar_type() == at::kChar, op, ": qweight must be int8 [N, K]");
   const int64_t M = x_in.size(0), K = x_in.size(1), N = qweight_in.size(0);
@@ -92,7 +143,9 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
   std::vector<int64_t> idx;  // outlier columns, negatives wrapped (plain C++: ATen ops cost ~8 us each here)
   int64_t C = 0;
   if (outlier_idx != nullptr) {
-    const at::Tensor idx_t = outlier_idx->to(at::kLong).contiguous();
+    // (no ATen call where the tensors already fit: a dispatch costs ~1 us of a ~7 us decode GEMV)
+    const at::Tensor idx_t =
+        outlier_idx->scalar_type() == at::kLong ? outlier_idx->contiguous() : outlier_idx->to(at::kLong).contiguous();
     C = idx_t.numel();
     ow = outlier_weight->contiguous();
     TORCH_CHECK(ow.dim() == 2 && ow.size(0) == N && ow.size(1) == C, op, ": outlier_weight must be [N, C]=[", N, ", ", C, "]");
@@ -123,7 +176,18 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
   float* sx = reinterpret_cast<float*>(work.data() + 2 * M * Kp);
   float* xo = sx + M;
   int16_t* x16 = i16 ? reinterpret_cast<int16_t*>(work.data() + x16_offset) : nullptr;
-  quantize_rows(x, C ? idx.data() : nullptr, C, Kp, qx, ax, sx, xo, x16);
+  // The spike guard costs one comparison per row when no column spikes: quantize_row
+  // already takes each row's absmax outside the outlier columns. A spike (rare) reruns
+  // the call with the spike columns among the outliers.
+  const bool guarded = threshold.has_value() && outlier_idx != nullptr;
+  float one_row_amax = 0.f;  // decode: no allocation
+  std::vector<float> rows_amax(guarded && M > 1 ? M : 0);
+  float* row_amax = M > 1 ? rows_amax.data() : &one_row_amax;
+  quantize_rows(x, C ? idx.data() : nullptr, C, Kp, qx, ax, sx, xo, x16, guarded ? row_amax : nullptr);
+  if (guarded && *std::max_element(row_amax, row_amax + M) >= *threshold) {
+    const std::vector<int64_t> extra = spike_columns(x, idx, *threshold);
+    if (!extra.empty()) return run_with_spikes(x, qweight, wscale, idx, ow, extra, tiled, op, out);
+  }
   // Fused outliers. M = 1 (decode), and the AMX tiles at any M: the tile epilogue adds
   // each output's C-long dot product, reading the outlier weights in their own dtype
   // (AMX: the same FMA chain as outlier_products_avx2, bit for bit). Else: one pass over

@@ -10,10 +10,13 @@ namespace w8 {
 // Quantizes x per token (outlier columns gathered and zeroed when outlier_idx is given),
 // runs the int8 tiles over the intra-op pool, adds the fp32 outlier products in the
 // same pass, and returns [M, N] in x's dtype. `tiled`: qweight is in the load-time row
-// tiling (reference.w8a8_tile_cpu), else canonical [N, K].
+// tiling (reference.w8a8_tile_cpu), else canonical [N, K]. `threshold` (with outliers):
+// the LLM.int8 spike guard of reference.w8a8_outlier_gemm_guarded; a column outside
+// outlier_idx whose |x| reaches it in any row joins the outliers for this call, with its
+// dequantized int8 weights (q * weight_scale).
 at::Tensor run(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& weight_scale,
                const at::Tensor* outlier_idx, const at::Tensor* outlier_weight, bool tiled, const char* op,
-               at::Tensor* out = nullptr);
+               at::Tensor* out = nullptr, c10::optional<double> threshold = c10::nullopt);
 
 // Fewest rows for which the AVX2 path takes the int16 GEMM (w8a8_i16_avx2.inc) instead
 // of the byte tiles (default kI16MinRows); returns the previous value. A tuning knob:

@@ -133,10 +133,10 @@ def test_w4a16_emulated_paths_match_native(lib, shape, tiled):
     x, qweight, scales, zeros = _w4_case(m, n, k, group)
     if tiled:
         qw, scale, zeros8 = reference.w4a16_prepare_cpu(qweight, scales, zeros)
-        op = torch.ops.compress.w4a16_gemm_prepared
+        op = torch.ops.compress.w4a8_gemm_prepared
     else:
         qw, scale, zeros8 = qweight, scales, zeros
-        op = torch.ops.compress.w4a16_gemm
+        op = torch.ops.compress.w4a8_gemm
     for isa_name, isa in (("avx2", AVX2), ("scalar", SCALAR)):
         with _native(isa_name):
             native = op(x, qw, scale, zeros8, group)

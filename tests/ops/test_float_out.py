@@ -1,6 +1,7 @@
 """The GEMM ops' low-precision outputs (csrc/cpu/float_out.cpp): with bf16 or fp16
 activations each op returns exactly its fp32 result rounded by torch's ``.to(dtype)``,
-on every ISA, on each path (W4 tiles, AMX, dequantize fallback; W8; fused LLM.int8)."""
+on every ISA, on each path (W4 float tiles and at::mm, W4 int8 tiles, AMX, dequantize
+fallback; W8; fused LLM.int8, with and without spike columns)."""
 from __future__ import annotations
 
 import pytest
@@ -24,10 +25,13 @@ def _gemms(n: int, k: int):
     return {
         "w4a16": lambda x: c.w4a16_gemm(x, qweight, scales, zeros, 32),
         "w4a16_prepared": lambda x: c.w4a16_gemm_prepared(x, *prepared, 32),
-        "w4a16_group16": lambda x: c.w4a16_gemm(x, q16, s16, z16, 16),  # exact dequantize fallback
+        "w4a16_group16": lambda x: c.w4a16_gemm(x, q16, s16, z16, 16),  # K-order dequantize path
+        "w4a8": lambda x: c.w4a8_gemm(x, qweight, scales, zeros, 32),
+        "w4a8_prepared": lambda x: c.w4a8_gemm_prepared(x, *prepared, 32),
         "w8a8": lambda x: c.w8a8_gemm(x, q8, ws),
         "w8a8_prepared": lambda x: c.w8a8_gemm_prepared(x, q8t, ws),
         "w8a8_outlier": lambda x: c.w8a8_outlier_gemm_prepared(x, q8t, ws, idx, ow),
+        "w8a8_outlier_guarded": lambda x: c.w8a8_outlier_gemm_prepared(x, q8t, ws, idx, ow, 2.0),
     }
 
 

@@ -20,34 +20,46 @@ W4_SHAPES = [(1, 8, 32, 32), (3, 5, 96, 32), (7, 33, 128, 64), (1, 24, 256, 128)
              (3, 10, 128, 16), (7, 14, 256, 32)]
 
 
+# The two int4 ops: float activations (the w4a16 scheme's numbers) and int8 activations
+# per block of 32 (the CPU fast path); each against its own reference.
+W4_OPS = ["w4a16_gemm", "w4a8_gemm"]
+
+
+def assert_close_to_reference(out: torch.Tensor, ref: torch.Tensor) -> None:
+    """fp32: the kernels' sums differ from the reference's only in order (~1e-7 of the
+    largest output); bf16: both round an fp32 result, at most an ulp apart."""
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    scale = ref.float().abs().max().item()
+    tol = 1e-5 if ref.dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol * scale)
+
+
 @pytest.mark.parametrize("shape", W4_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_w4a16_matches_reference(isa, shape, dtype):
+@pytest.mark.parametrize("op", W4_OPS)
+def test_w4_ops_match_reference(isa, shape, dtype, op):
     m, n, k, group = shape
     qweight, scales, zeros = make_int4(n, k, group)
     x = torch.randn(m, k).to(dtype)
-    ref = reference.w4a16_gemm(x, qweight, scales, zeros, group)
-    out = torch.ops.compress.w4a16_gemm(x, qweight, scales, zeros, group)
-    assert out.dtype == dtype and out.shape == (m, n)
-    # activations are quantized to int8 per 32-block inside the kernel: median ~45 dB
-    assert sqnr_db(ref, out) > (35 if dtype == torch.float32 else 30)
+    ref = ops.get_op(op, "reference")(x, qweight, scales, zeros, group)
+    assert_close_to_reference(ops.get_op(op)(x, qweight, scales, zeros, group), ref)
 
 
 @pytest.mark.parametrize("shape", W4_SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_w4a16_prepared_matches_canonical(isa, shape):
+@pytest.mark.parametrize("op", W4_OPS)
+def test_w4_prepared_matches_canonical(isa, shape, op):
     """The runtime's entry (row-tiled qweight, fp32 scales, uint8 zeros, made once at
-    load time) computes what the canonical entry computes, and both sit at the same
-    distance from the reference."""
+    load time) computes what the canonical entry computes, and its reference is the
+    canonical one."""
     m, n, k, group = shape
     qweight, scales, zeros = make_int4(n, k, group)
     x = torch.randn(m, k)
-    qtiled, scale, zeros8 = reference.w4a16_prepare_cpu(qweight, scales, zeros)
-    out = torch.ops.compress.w4a16_gemm_prepared(x, qtiled, scale, zeros8, group)
-    ref = reference.w4a16_gemm_prepared(x, qtiled, scale, zeros8, group)
-    torch.testing.assert_close(ref, reference.w4a16_gemm(x, qweight, scales, zeros, group), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(out, torch.ops.compress.w4a16_gemm(x, qweight, scales, zeros, group),
-                               rtol=1e-5, atol=1e-5)
-    assert sqnr_db(ref, out) > 35
+    prepared = reference.w4a16_prepare_cpu(qweight, scales, zeros)
+    out = ops.get_op(op + "_prepared")(x, *prepared, group)
+    ref = ops.get_op(op + "_prepared", "reference")(x, *prepared, group)
+    torch.testing.assert_close(ref, ops.get_op(op, "reference")(x, qweight, scales, zeros, group), rtol=0, atol=0)
+    torch.testing.assert_close(out, ops.get_op(op)(x, qweight, scales, zeros, group), rtol=1e-5, atol=1e-5)
+    assert_close_to_reference(out, ref)
 
 
 @pytest.mark.parametrize("n,k", [(8, 128), (11, 256), (3, 64), (9, 96), (6, 32)])
@@ -67,42 +79,44 @@ def test_w4a16_tile_cpu_layout(n, k):
             torch.testing.assert_close(flat[start:start + 8], qweight[row, chunk * 8:chunk * 8 + 8], rtol=0, atol=0)
 
 
-def test_w4a16_prepared_rejects_unprepared_scales():
+@pytest.mark.parametrize("op", W4_OPS)
+def test_w4_prepared_rejects_unprepared_scales(op):
     qweight, scales, zeros = make_int4(8, 64, 32)
+    prepared = ops.get_op(op + "_prepared")
     with pytest.raises(RuntimeError, match="scale must be contiguous float32 and zeros contiguous uint8"):
-        torch.ops.compress.w4a16_gemm_prepared(torch.randn(1, 64), qweight, scales.half(), zeros, 32)
+        prepared(torch.randn(1, 64), qweight, scales.half(), zeros, 32)
     with pytest.raises(RuntimeError, match="scale must be contiguous float32 and zeros contiguous uint8"):
-        torch.ops.compress.w4a16_gemm_prepared(torch.randn(1, 64), qweight, scales.float(), zeros.float(), 32)
+        prepared(torch.randn(1, 64), qweight, scales.float(), zeros.float(), 32)
 
 
 @pytest.mark.parametrize("scale_dtype", [torch.float32, torch.bfloat16])
-def test_w4a16_scale_dtypes_and_odd_group(isa, scale_dtype):
+@pytest.mark.parametrize("op", W4_OPS)
+def test_w4_scale_dtypes_and_odd_group(isa, scale_dtype, op):
     qweight, scales, zeros = make_int4(10, 96, 32, scale_dtype)
     x = torch.randn(3, 96)
-    ref = reference.w4a16_gemm(x, qweight, scales, zeros, 32)
-    assert sqnr_db(ref, torch.ops.compress.w4a16_gemm(x, qweight, scales, zeros, 32)) > 35
+    assert_close_to_reference(ops.get_op(op)(x, qweight, scales, zeros, 32),
+                              ops.get_op(op, "reference")(x, qweight, scales, zeros, 32))
     # groups the tiles do not take (16; 96 and 160, multiples of 32 but not of 64, which
-    # the tiles once took and got wrong): the exact fp32 dequantize path, canonical and
-    # prepared
+    # the int8 tiles once took and got wrong): float activations against weights
+    # dequantized in K order, canonical and prepared, for both ops (reference.w4a8_gemm)
     for group, k in ((16, 96), (96, 192), (160, 320)):
         qweight, scales, zeros = make_int4(10, k, group, scale_dtype)
         x = torch.randn(3, k)
         ref = reference.w4a16_gemm(x, qweight, scales, zeros, group)
-        torch.testing.assert_close(torch.ops.compress.w4a16_gemm(x, qweight, scales, zeros, group), ref,
-                                   rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(ops.get_op(op, "reference")(x, qweight, scales, zeros, group), ref, rtol=0, atol=0)
+        torch.testing.assert_close(ops.get_op(op)(x, qweight, scales, zeros, group), ref, rtol=1e-5, atol=1e-5)
         prepared = reference.w4a16_prepare_cpu(qweight, scales, zeros)
-        torch.testing.assert_close(torch.ops.compress.w4a16_gemm_prepared(x, *prepared, group), ref,
-                                   rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(ops.get_op(op + "_prepared")(x, *prepared, group), ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(not ops.native_available("cpu") or "avx512_vnni" not in ops.cpu_isas_available(),
                     reason="no AVX-512 VNNI on this CPU")
 @pytest.mark.parametrize("shape", [(1, 8, 64, 32), (1, 37, 512, 128), (3, 70, 4096, 128), (2, 9, 192, 64),
                                    (17, 12, 256, 32), (1, 6, 96, 32)], ids=lambda s: "x".join(map(str, s)))
-def test_w4a16_vnni_tiles_equal_avx2_bit_for_bit(shape):
+def test_w4a8_vnni_tiles_equal_avx2_bit_for_bit(shape):
     """On real AVX-512 VNNI hardware (the emulation harness checks the same under SIMDe)
-    the VNNI tiles give the AVX2 tiles' bytes, canonical and prepared, below the AMX row
-    threshold: vpdpbusd's int32 sums are vpmaddubsw + vpmaddwd's."""
+    the int8-activation VNNI tiles give the AVX2 tiles' bytes, canonical and prepared,
+    below the AMX row threshold: vpdpbusd's int32 sums are vpmaddubsw + vpmaddwd's."""
     m, n, k, group = shape
     qweight, scales, zeros = make_int4(n, k, group)
     prepared = reference.w4a16_prepare_cpu(qweight, scales, zeros)
@@ -110,25 +124,27 @@ def test_w4a16_vnni_tiles_equal_avx2_bit_for_bit(shape):
     outs = {}
     for name in ("avx512_vnni", "avx2"):
         with ops.force_cpu_isa(name):
-            outs[name] = (torch.ops.compress.w4a16_gemm_prepared(x, *prepared, group),
-                          torch.ops.compress.w4a16_gemm(x, qweight, scales, zeros, group))
+            outs[name] = (torch.ops.compress.w4a8_gemm_prepared(x, *prepared, group),
+                          torch.ops.compress.w4a8_gemm(x, qweight, scales, zeros, group))
     for vnni, avx2 in zip(outs["avx512_vnni"], outs["avx2"]):
         assert torch.equal(vnni, avx2)
 
 
 @pytest.mark.parametrize("m,n,k,group", [(9, 37, 320, 64), (1, 13, 96, 32), (4, 8, 1024, 128)])
-def test_w4a16_isas_agree(m, n, k, group):
-    """The scalar and the AVX2 activation quantizers give the same bytes, so the ISAs
-    differ only in fp32 sum order (canonical and prepared entries, fp32 and bf16 x)."""
+@pytest.mark.parametrize("op", W4_OPS)
+def test_w4_isas_agree(m, n, k, group, op):
+    """The ISAs differ only in fp32 sum order (for the int8 op: the scalar and the AVX2
+    activation quantizers give the same bytes); canonical and prepared entries, fp32 and
+    bf16 x."""
     qweight, scales, zeros = make_int4(n, k, group)
     prepared = reference.w4a16_prepare_cpu(qweight, scales, zeros)
     x = torch.randn(m, k) * torch.logspace(-2, 1, k)  # blocks of very different ranges
+    canonical, on_prepared = ops.get_op(op), ops.get_op(op + "_prepared")
     outs = []
     for name in ops.cpu_isas_available():
         with ops.force_cpu_isa(name):
-            outs.append([torch.ops.compress.w4a16_gemm(x, qweight, scales, zeros, group),
-                         torch.ops.compress.w4a16_gemm_prepared(x, *prepared, group),
-                         torch.ops.compress.w4a16_gemm_prepared(x.bfloat16(), *prepared, group).float()])
+            outs.append([canonical(x, qweight, scales, zeros, group), on_prepared(x, *prepared, group),
+                         on_prepared(x.bfloat16(), *prepared, group).float()])
     for other in outs[1:]:
         for o, first in zip(other, outs[0]):
             torch.testing.assert_close(o, first, rtol=1e-4, atol=1e-4)
@@ -344,14 +360,16 @@ def decode_layer_case(scheme: str, dtype=torch.float32, b: int = 3, pos: int = 6
     shapes = [((nq + 2 * nkv) * d, hidden), (hidden, nq * d), (2 * inter, hidden), (hidden, inter)]
     weights = []
     for i, (n, k) in enumerate(shapes):
-        if scheme == "w4a16_prepared":
+        if scheme in ("w4a16_prepared", "w4a8_prepared"):
             qweight, scales, zeros = make_int4(n, k, 32, seed=i)
             weights += list(reference.w4a16_prepare_cpu(qweight, scales, zeros))
-        elif scheme in ("w8a8_prepared", "llm_int8_prepared"):
+        elif scheme in ("w8a8_prepared", "llm_int8_prepared", "llm_int8_guarded_prepared"):
             q, ws = make_int8(n, k, seed=i)
             weights += [reference.w8a8_tile_cpu(q), ws]
-            if scheme == "llm_int8_prepared":
+            if scheme != "w8a8_prepared":
                 weights += [torch.tensor([1, 7, k - 1]), torch.randn(n, 3)]
+            if scheme == "llm_int8_guarded_prepared":  # low enough that activations spike past it
+                weights.append(torch.tensor(2.5))
         else:
             weights.append((torch.randn(n, k) / k ** 0.5).to(dtype))
     biases = [torch.randn(shapes[0][0]).to(dtype), torch.randn(hidden).to(dtype), None, None]
@@ -366,7 +384,8 @@ def decode_layer_case(scheme: str, dtype=torch.float32, b: int = 3, pos: int = 6
     return args
 
 
-@pytest.mark.parametrize("scheme", ["w4a16_prepared", "w8a8_prepared", "llm_int8_prepared", "dense"])
+@pytest.mark.parametrize("scheme", ["w4a16_prepared", "w4a8_prepared", "w8a8_prepared", "llm_int8_prepared",
+                                    "llm_int8_guarded_prepared", "dense"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("kv_half", [False, True], ids=["kv_same", "kv_f16"])
@@ -375,9 +394,11 @@ def test_decode_layer_matches_reference(isa, scheme, dtype, masked, kv_half):
     ref_args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
     got = torch.ops.compress.decode_layer(*args)
     want = reference.decode_layer(*ref_args)
-    # the int4 kernel quantizes activations in blocks of 32 (~45 dB per GEMM); int8 and
-    # dense follow the reference's own rounding (bf16 rounds every elementwise step)
-    floor = {"w4a16_prepared": 25, "w8a8_prepared": 35, "llm_int8_prepared": 35, "dense": 60}[scheme]
+    # each scheme against its own reference op: fp32 sum order (the float int4 op), the
+    # activation quantizers' bytes (the int8 ones; a rounding flip in a late layer step
+    # moves a few outputs), bf16 rounding every elementwise step
+    floor = {"w4a16_prepared": 80, "w4a8_prepared": 35, "w8a8_prepared": 35, "llm_int8_prepared": 35,
+             "llm_int8_guarded_prepared": 35, "dense": 60}[scheme]
     assert got.shape == want.shape and got.dtype == dtype
     assert sqnr_db(want, got) > (floor if dtype == torch.float32 else min(floor, 30))
     pos, (k_got, v_got), (k_want, v_want) = args[12], args[10:12], ref_args[10:12]
@@ -410,8 +431,9 @@ def test_gemm_workspaces_past_the_reused_buffer():
     q8t = reference.w8a8_tile_cpu(q8)
     for m in (2, 300, 2):
         x = torch.randn(m, 4096)
-        got4 = torch.ops.compress.w4a16_gemm_prepared(x, qt, s32, z8, 128)
-        assert sqnr_db(reference.w4a16_gemm(x, qweight, scales, zeros, 128), got4) > 30
+        for op in W4_OPS:
+            assert_close_to_reference(ops.get_op(op + "_prepared")(x, qt, s32, z8, 128),
+                                      ops.get_op(op, "reference")(x, qweight, scales, zeros, 128))
         got8 = torch.ops.compress.w8a8_gemm_prepared(x, q8t, ws)
         assert sqnr_db(reference.w8a8_gemm(x, q8, ws), got8) > 35
 
@@ -437,10 +459,13 @@ def test_opcheck():
     cases = [
         (torch.ops.compress.w4a16_gemm.default, (x, qweight, scales, zeros, 64)),
         (torch.ops.compress.w4a16_gemm_prepared.default, (x, *reference.w4a16_prepare_cpu(qweight, scales, zeros), 64)),
+        (torch.ops.compress.w4a8_gemm.default, (x, qweight, scales, zeros, 64)),
+        (torch.ops.compress.w4a8_gemm_prepared.default, (x, *reference.w4a16_prepare_cpu(qweight, scales, zeros), 64)),
         (torch.ops.compress.w8a8_gemm.default, (x, q, s)),
         (torch.ops.compress.w8a8_outlier_gemm.default, (x, q, s, idx, ow)),
         (torch.ops.compress.w8a8_gemm_prepared.default, (x, reference.w8a8_tile_cpu(q), s)),
         (torch.ops.compress.w8a8_outlier_gemm_prepared.default, (x, reference.w8a8_tile_cpu(q), s, idx, ow)),
+        (torch.ops.compress.w8a8_outlier_gemm_prepared.default, (x, reference.w8a8_tile_cpu(q), s, idx, ow, 1.5)),
         (torch.ops.compress.quantize_per_token_int8.default, (x,)),
         (torch.ops.compress.rms_norm.default, (x, torch.rand(128), 1e-5)),
         (torch.ops.compress.add_rms_norm.default, (x, torch.randn(3, 128), torch.rand(128), 1e-5)),
@@ -449,6 +474,7 @@ def test_opcheck():
          (torch.randn(2, 4, 16), torch.randn(2, 2, 7, 16), torch.randn(2, 2, 7, 16),
           torch.tensor([[True, False] * 3 + [True]] * 2))),
     ]
-    cases.append((torch.ops.compress.decode_layer.default, decode_layer_case("w4a16_prepared")))
+    cases += [(torch.ops.compress.decode_layer.default, decode_layer_case(scheme))
+              for scheme in ("w4a16_prepared", "w4a8_prepared", "llm_int8_guarded_prepared")]
     for op, args in cases:
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))

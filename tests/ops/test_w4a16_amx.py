@@ -1,7 +1,9 @@
-"""The W4A16 AMX-BF16 tiles (csrc/cpu/w4a16_amx.inc): bf16 activations against weights
-dequantized to bf16 per call, fp32 sums. Not the int8 tiles' bits, so they are held to
-the fp32 reference by SQNR (above the int8 tiles' ~45 dB) and to the int8 tiles by a
-tolerance; one row and the shapes the tiles do not take keep the int8 path's bits."""
+"""The AMX-BF16 tiles of the int8-activation int4 op (w4a8_gemm*, csrc/cpu/w4a16_amx.inc):
+bf16 activations against weights dequantized to bf16 per call, fp32 sums, from
+set_w4a16_amx_min_rows rows on. Not the int8 tiles' bits, so they are held to the fp32
+reference by SQNR (above the int8 tiles' ~45 dB) and to the int8 tiles by a tolerance;
+one row and the shapes the tiles do not take keep the int8 path's bits. The float op
+(w4a16_gemm*) never takes them."""
 from __future__ import annotations
 
 import contextlib
@@ -47,10 +49,11 @@ def test_w4a16_amx_matches_reference_and_int8_tiles(shape, dtype):
     ref = reference.w4a16_gemm(x.float(), qweight, scales, zeros, group)
     with ops.force_cpu_isa("avx512_vnni"):
         with amx_rows(1):
-            amx = torch.ops.compress.w4a16_gemm_prepared(x, *prepared, group)
-            canonical = torch.ops.compress.w4a16_gemm(x, qweight, scales, zeros, group)
+            amx = torch.ops.compress.w4a8_gemm_prepared(x, *prepared, group)
+            canonical = torch.ops.compress.w4a8_gemm(x, qweight, scales, zeros, group)
+            float_op = torch.ops.compress.w4a16_gemm_prepared(x, *prepared, group)
         with amx_rows(NEVER):
-            int8 = torch.ops.compress.w4a16_gemm_prepared(x, *prepared, group)
+            int8 = torch.ops.compress.w4a8_gemm_prepared(x, *prepared, group)
     assert amx.dtype == dtype and amx.shape == (m, n)
     # bf16 keeps 8 significant bits of weights and activations: ~52 dB, the int8 tiles
     # (activations per block of 32) ~45 dB; a few outputs spread more (over 200 draws of
@@ -60,6 +63,10 @@ def test_w4a16_amx_matches_reference_and_int8_tiles(shape, dtype):
     assert sqnr_db(ref, amx.float()) > sqnr_db(ref, int8.float()) - 1
     torch.testing.assert_close(canonical, amx, rtol=0, atol=0)  # the same panel from either layout
     torch.testing.assert_close(amx.float(), int8.float(), rtol=0.05, atol=0.05 * ref.abs().max().item())
+    # the float op keeps its fp32 numbers whatever the AMX threshold
+    torch.testing.assert_close(float_op.float(), reference.w4a16_gemm(x, qweight, scales, zeros, group).float(),
+                               rtol=1e-5 if dtype == torch.float32 else 1e-2,
+                               atol=(1e-5 if dtype == torch.float32 else 1e-2) * ref.abs().max().item())
 
 
 @pytest.mark.parametrize("shape", [(1, 9, 384, 128), (40, 9, 96, 32), (40, 10, 160, 32)],
@@ -71,9 +78,9 @@ def test_w4a16_amx_threshold_leaves_other_calls_alone(shape):
     prepared = reference.w4a16_prepare_cpu(qweight, scales, zeros)
     x = torch.randn(m, k)
     with amx_rows(1):
-        low = torch.ops.compress.w4a16_gemm_prepared(x, *prepared, group)
+        low = torch.ops.compress.w4a8_gemm_prepared(x, *prepared, group)
     with amx_rows(NEVER):
-        off = torch.ops.compress.w4a16_gemm_prepared(x, *prepared, group)
+        off = torch.ops.compress.w4a8_gemm_prepared(x, *prepared, group)
     torch.testing.assert_close(low, off, rtol=0, atol=0)
 
 

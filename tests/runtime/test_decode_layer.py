@@ -1,7 +1,7 @@
 """Decode steps through ``compress::decode_layer`` (one native call per layer) against the
 module path (``model.fused_decode = False``): same logits at every step, for every linear
-scheme the op takes, with q/k/v biases (qwen2), a sliding window (mistral), left padding
-in a batch, and bf16 activations."""
+scheme the op takes (LLM.int8 with and without its spike guard), with q/k/v biases
+(qwen2), a sliding window (mistral), left padding in a batch, and bf16 activations."""
 from __future__ import annotations
 
 import pytest
@@ -19,15 +19,23 @@ from test_quantized import quantized_pair
 pytestmark = pytest.mark.skipif(not native_available("cpu"), reason="native CPU kernels not built")
 
 
+# the spike guard's threshold of "llm_int8_guarded": low enough that this model's
+# activations spike past it in every step
+GUARD_THRESHOLD = 1.0
+
+
 def checkpoint(family: str, scheme: str, vocab: int, **overrides):
+    """``scheme``: dense, w4a16, w8a8, llm_int8 (static outlier set only) or
+    llm_int8_guarded (the same with the spike guard at GUARD_THRESHOLD)."""
     if scheme == "dense":
         model = hf_model(tiny_config(family, vocab, **overrides))
         return RuntimeCheckpoint(model.config, {k: v.clone() for k, v in model.state_dict().items()}, {})
-    ckpt, _ = quantized_pair(family, scheme, vocab)
+    ckpt, _ = quantized_pair(family, scheme.removesuffix("_guarded"), vocab)
     if overrides:
         ckpt.config.update(overrides)
-    if scheme == "llm_int8":  # static outlier set only: the spike guard keeps the module path
-        ckpt.quantized = {k: QuantizedWeight(q.scheme, q.tensors, {}) for k, q in ckpt.quantized.items()}
+    if scheme.startswith("llm_int8"):
+        meta = {"threshold": GUARD_THRESHOLD} if scheme == "llm_int8_guarded" else {}
+        ckpt.quantized = {k: QuantizedWeight(q.scheme, q.tensors, meta) for k, q in ckpt.quantized.items()}
     return ckpt
 
 
@@ -43,7 +51,7 @@ def step_logits(model, prompts: list[list[int]], steps: int, fused: bool, kv_dty
 
 @pytest.mark.parametrize("family,overrides", [("llama", {}), ("qwen2", {}), ("mistral", {"sliding_window": 5})],
                          ids=["llama", "qwen2", "mistral-window"])
-@pytest.mark.parametrize("scheme", ["dense", "w4a16", "w8a8", "llm_int8"])
+@pytest.mark.parametrize("scheme", ["dense", "w4a16", "w8a8", "llm_int8", "llm_int8_guarded"])
 def test_fused_decode_matches_module_path(tokenizer, family, overrides, scheme):
     model = build_model(checkpoint(family, scheme, len(tokenizer), **overrides))
     assert all(layer.decode_args is not None for layer in model.layers) and model.fused_decode
@@ -79,9 +87,6 @@ def test_float16_kv_cache(tokenizer, scheme):
 
 
 def test_layers_the_op_cannot_take_keep_the_module_path(tokenizer):
-    guarded, _ = quantized_pair("llama", "llm_int8", len(tokenizer))   # spike guard (threshold) set
-    model = build_model(guarded)
-    assert all(layer.decode_args is None for layer in model.layers) and not model.fused_decode
     plain = checkpoint("llama", "w8a8", len(tokenizer))
     assert all(layer.decode_args is None for layer in build_model(plain, kernels="reference").layers)
     assert all(layer.decode_args is None for layer in build_model(plain, fuse=False).layers)

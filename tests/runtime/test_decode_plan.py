@@ -34,7 +34,7 @@ def plan_vs_op(model, steps: int = 9) -> None:
 
 @pytest.mark.parametrize("family,overrides", [("llama", {}), ("qwen2", {}), ("mistral", {"sliding_window": 5})],
                          ids=["llama", "qwen2", "mistral-window"])
-@pytest.mark.parametrize("scheme", ["dense", "w4a16", "w8a8", "llm_int8"])
+@pytest.mark.parametrize("scheme", ["dense", "w4a16", "w8a8", "llm_int8", "llm_int8_guarded"])
 def test_plan_matches_per_layer_op(tokenizer, family, overrides, scheme):
     plan_vs_op(build_model(checkpoint(family, scheme, len(tokenizer), **overrides)))
 
@@ -54,9 +54,7 @@ def test_layers_with_different_windows_use_their_own_masks(tokenizer):
 
 
 def test_no_plan_without_the_fused_decode(tokenizer):
-    from test_quantized import quantized_pair
-    guarded, _ = quantized_pair("llama", "llm_int8", len(tokenizer))  # spike guard: module path
-    model = build_model(guarded)
+    model = build_model(checkpoint("llama", "w8a8", len(tokenizer)), fuse=False)  # q/k/v unfused: module path
     assert not model.fused_decode and model.decode_plan is None
     assert build_model(checkpoint("llama", "w8a8", len(tokenizer)), kernels="reference").decode_plan is None
 

@@ -1,12 +1,14 @@
 """The LLM.int8 layer's spike guard: a column outside the calibrated set that reaches
-the threshold at run time is computed in float; the native op inside the guard against
-the reference op inside it."""
+the threshold at run time is computed in float; natively inside the prepared op (the
+layer keeps the CPU kernel's row tiling and its decode_layer form), against the
+reference guard."""
 import pytest
 import torch
 
 from compress.ops import native_available
 from compress.ops.reference import w8a8_outlier_gemm, w8a8_outlier_gemm_guarded
 from compress.runtime.layers import Int8OutlierLinear
+from compress.runtime.models.llama import build_model
 from compress.accuracy import sqnr_db
 from quantizers.primitives import quantize_int8_per_channel
 
@@ -29,7 +31,7 @@ def test_guard_matches_reference_and_rescues_a_spike(backend):
     x[:, 3] *= 40                     # a calibrated outlier column
     x[2, 77] = 90.0                   # a spike outside the calibrated set
     want = x @ w.t()
-    ref = w8a8_outlier_gemm_guarded(x, guarded.qweight, guarded.weight_scale, guarded.outlier_idx,
+    ref = w8a8_outlier_gemm_guarded(x, guarded.canonical_qweight(), guarded.weight_scale, guarded.outlier_idx,
                                     guarded.outlier_weight, 6.0)
     got = guarded(x)
     assert sqnr_db(ref, got) > 40
@@ -37,9 +39,35 @@ def test_guard_matches_reference_and_rescues_a_spike(backend):
     # no spike: the guard changes nothing
     x[2, 77] = 0.5
     torch.testing.assert_close(guarded(x), static(x))
-    # the guarded layer keeps the canonical layout (the guard reads its columns); the
-    # static one runs on the CPU kernel's row tiling when native
-    assert not guarded.qweight_tiled and static.qweight_tiled == (backend == "native")
+    # both run on the CPU kernel's row tiling when native (the guard is in the op), and
+    # both have a decode_layer form there, the guarded one with its threshold
+    assert guarded.qweight_tiled == static.qweight_tiled == (backend == "native")
+    spec = guarded.decode_spec()
+    if backend == "native":
+        assert spec[0] == "llm_int8_guarded_prepared" and float(spec[2][4]) == 6.0
+        assert static.decode_spec()[0] == "llm_int8_prepared"
+    else:
+        assert spec is None
     torch.testing.assert_close(static(x), w8a8_outlier_gemm(x, static.canonical_qweight(), static.weight_scale,
                                                             static.outlier_idx, static.outlier_weight),
                                rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not native_available("cpu"), reason="native CPU kernels not built")
+def test_guarded_model_decodes_in_one_native_call_as_the_reference(tokenizer):
+    """With the guard in the native op an LLM.int8 model keeps the one-call decode step
+    (DecodePlan); its logits, with spikes in every step, follow the reference kernels (the
+    guard in Python around the reference op)."""
+    from test_decode_layer import checkpoint, step_logits
+
+    ckpt = checkpoint("llama", "llm_int8_guarded", len(tokenizer))
+    native = build_model(ckpt)
+    assert native.fused_decode and native.decodes_in_one_call
+    assert {s for layer in native.layers for s in layer.decode_args[3]} == {"llm_int8_guarded_prepared"}
+    prompts = [[5, 9, 13, 21, 8, 40, 3], [11, 4, 7]]
+    got = step_logits(native, prompts, 6, fused=True)
+    want = step_logits(build_model(ckpt, kernels="reference"), prompts, 6, fused=False)
+    for step, (g, w) in enumerate(zip(got, want)):
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4, msg=lambda m: f"step {step}: {m}")
+    static = step_logits(build_model(checkpoint("llama", "llm_int8", len(tokenizer))), prompts, 6, fused=True)
+    assert all((g - s).abs().max() > 1e-3 for g, s in zip(got, static))   # the guard acted in every step

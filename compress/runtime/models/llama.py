@@ -19,7 +19,7 @@ from compress.architectures import ArchSpec, get_arch
 from compress.ops import _cpu_module, get_op, native_available
 from compress.ops.reference import apply_rope
 from compress.runtime.hugepages import relocate_to_huge_pages
-from compress.runtime.layers import LAYER_CLASSES, LINEAR_TYPES, fuse_linears
+from compress.runtime.layers import LAYER_CLASSES, LINEAR_TYPES, Int4Linear, check_w4_activations, fuse_linears
 from compress.runtime.models.rope import inverse_frequencies, rope_tables
 
 SUPPORTED_ACTIVATIONS = ("silu", "swish")
@@ -119,7 +119,7 @@ class DecoderLayer(nn.Module):
     def prepare_decode(self, backend: str) -> None:
         """Collect this layer's tensors for ``compress::decode_layer`` (the whole layer in
         one native call per decode step) when the native CPU kernels are loaded and every
-        linear has a form the op takes (q/k/v and gate/up fused, no LLM.int8 spike guard).
+        linear has a form the op takes (q/k/v and gate/up fused).
         Otherwise ``decode_args`` stays ``None`` and decode runs the modules."""
         self.decode_args = None
         attn, mlp = self.attn, self.mlp
@@ -320,11 +320,14 @@ class CheckpointTensors:
 
 
 def build_model(ckpt, dtype: torch.dtype = torch.float32, device="cpu", kernels: str = "native",
-                max_seq_len: int | None = None, fuse: bool = True, huge_pages: bool = True) -> LlamaFamilyModel:
+                max_seq_len: int | None = None, fuse: bool = True, huge_pages: bool = True,
+                w4_activations: str = "float") -> LlamaFamilyModel:
     """Our decoder for a checkpoint (``config``, ``dense``, ``quantized``). ``fuse``: q/k/v
     and gate/up run as one linear each where their schemes allow it. ``huge_pages``: on
     the native CPU kernels, the prepared weights move into 2 MiB pages, in the order a
-    decode step reads them (``runtime/hugepages.py``)."""
+    decode step reads them (``runtime/hugepages.py``). ``w4_activations``: how int4 layers
+    treat their activations, "float" or "int8" (``layers.W4_ACTIVATIONS``)."""
+    check_w4_activations(w4_activations)
     config = ckpt.config
     arch = get_arch(getattr(config, "model_type", None), where="config.json")
     act = getattr(config, "hidden_act", "silu")
@@ -359,6 +362,8 @@ def build_model(ckpt, dtype: torch.dtype = torch.float32, device="cpu", kernels:
     model = LlamaFamilyModel(embed, layers, norm, lm_head, inverse_frequencies(config, head_dim),
                              max_seq_len, n_kv, head_dim)
     for module in model.modules():
+        if isinstance(module, Int4Linear):
+            module.activations = w4_activations
         if isinstance(module, (*LINEAR_TYPES, RMSNorm, Attention)):
             module.prepare(kernels)
     if kernels == "native" and model.device.type == "cpu" and native_available("cpu") and huge_pages:

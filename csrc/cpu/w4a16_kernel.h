@@ -1,0 +1,36 @@
+// What the two int4 ops on CPU share: w4a16_gemm.cpp (float activations, the numbers the
+// w4a16 scheme promises) and w4a8_gemm.cpp (activations quantized to int8 per block of
+// 32, the opt-in fast path). Both take the same weights: canonical or, from the
+// *_prepared entry points, in the load-time row tiling (reference.w4a16_prepare_cpu).
+#pragma once
+
+#include "cpu/kernel_common.h"
+
+namespace compress_cpu {
+namespace w4 {
+
+// Argument checks shared by the int4 entry points; errors name `op`.
+void check_args(const char* op, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                const at::Tensor& zeros, int64_t G);
+// The prepared entry points take the load-time fp32 scales and uint8 zero points.
+void check_prepared_metadata(const char* op, const at::Tensor& scale, const at::Tensor& zeros);
+
+// y = x dequant(W)^T with float activations (w4a16_gemm.cpp): w = (u - z) * s in fp32, as
+// reference.w4a16_gemm; fp32 FMAs. `scale` fp32 and `zeros` uint8, both [N, K / G];
+// `tiled`: qweight in the prepared row tiling, else canonical; `out`: where to write y
+// (fp32 x only), else a new tensor of x's dtype.
+at::Tensor run_float(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale, const at::Tensor& zeros,
+                     int64_t G, bool tiled, at::Tensor* out = nullptr);
+
+// Fewest rows for which the float path dequantizes weight blocks to fp32 and multiplies
+// them with at::mm instead of running its register tiles (kFloatMmMinRows by default);
+// returns the previous value. Both compute the same weights in fp32 (the sums in
+// another order). Both are fp32-FMA bound at many rows; past ~32 rows at::mm is faster
+// (Zen 4, one thread, 3 shapes: 0.95-1.04x the tiles at M = 32, 0.78-0.85x at M = 128;
+// 1.1-3.1x slower at M = 4-16, where dequantizing whole rows does not pay).
+constexpr int64_t kFloatMmMinRows = 32;
+int64_t set_float_mm_min_rows(int64_t rows);
+int64_t float_mm_min_rows();
+
+}  // namespace w4
+}  // namespace compress_cpu

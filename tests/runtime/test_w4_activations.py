@@ -1,0 +1,101 @@
+"""LLM(w4_activations=...): int4 (w4a16) layers with float activations, the default and the
+scheme's numbers (what transformers computes on the same compressed-tensors export), or
+with int8 activations per block of 32, the CPU fast path; on every path a step takes
+(prefill, the module decode, the native decode plan)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from compress.errors import UserError
+from compress.ops import native_available
+from compress.runtime import LLM
+from compress.runtime.models.llama import build_model
+
+from test_decode_layer import step_logits
+from test_quantized import quantized_pair
+
+PROMPT = [5, 9, 13, 21, 8, 40, 3]
+STEPS = 6
+
+
+def teacher_forced(model) -> tuple[list[int], torch.Tensor]:
+    """(the whole sequence, the logits of its prefill and of each decode step) for PROMPT
+    followed by step_logits' fixed tokens."""
+    logits = step_logits(model, [PROMPT], STEPS, fused=model.fused_decode)
+    tokens = [(7 * i) % 50 + 2 for i in range(STEPS)]  # what step_logits feeds (one row)
+    return PROMPT + tokens, torch.cat(logits)
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.float() - want.float()).abs().max() / want.float().abs().max())
+
+
+@pytest.fixture(scope="module")
+def int4_llama(tokenizer):
+    """(a checkpoint whose block linears are RTN int4, groups of 32; the HF model holding
+    their dequantized weights)."""
+    return quantized_pair("llama", "w4a16", len(tokenizer))
+
+
+def hf_logits(hf, ids: list[int]) -> torch.Tensor:
+    """The HF model's logits at the positions teacher_forced reports."""
+    with torch.no_grad():
+        out = hf(torch.tensor([ids])).logits[0]
+    return out[len(PROMPT) - 1:len(PROMPT) + STEPS]
+
+
+@pytest.mark.skipif(not native_available("cpu"), reason="native CPU kernels not built")
+def test_float_activations_are_the_schemes_numbers(int4_llama):
+    """The default: prefill and every decode step (one native call each) give the
+    dequantized model's logits to fp32 rounding; the int8 fast path visibly does not."""
+    ckpt, hf = int4_llama
+    model = build_model(ckpt)
+    assert model.decodes_in_one_call
+    ids, got = teacher_forced(model)
+    want = hf_logits(hf, ids)
+    assert relative_error(got, want) < 1e-5
+    _, fast = teacher_forced(build_model(ckpt, w4_activations="int8"))
+    assert relative_error(fast, want) > 1e-3
+
+
+@pytest.mark.skipif(not native_available("cpu"), reason="native CPU kernels not built")
+@pytest.mark.parametrize("choice,scheme", [("float", "w4a16_prepared"), ("int8", "w4a8_prepared")])
+def test_decode_plan_respects_the_choice(int4_llama, choice, scheme):
+    """The native decode step runs the chosen op (decode_layer's linear scheme) and gives
+    what the module path and the reference kernels give for the same choice."""
+    ckpt, _ = int4_llama
+    model = build_model(ckpt, w4_activations=choice)
+    assert {s for layer in model.layers for s in layer.decode_args[3]} == {scheme}
+    assert model.decodes_in_one_call
+    _, plan = teacher_forced(model)
+    model.fused_decode = False
+    _, modules = teacher_forced(model)
+    _, reference = teacher_forced(build_model(ckpt, kernels="reference", w4_activations=choice))
+    assert relative_error(plan, modules) < 1e-5
+    assert relative_error(plan, reference) < 1e-5
+
+
+def test_unknown_choice_is_a_user_error(int4_llama):
+    with pytest.raises(UserError, match="w4_activations: unknown activation precision 'int4'"):
+        LLM.from_checkpoint(int4_llama[0], w4_activations="int4")
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:You passed `quantization_config`:UserWarning")
+def test_float_activations_match_transformers_on_the_export(tmp_path, int4_llama, tokenizer):
+    """The export loaded by transformers + compressed-tensors and by our runtime: the same
+    logits to fp32 rounding with float activations (the default), prefill and decode."""
+    pytest.importorskip("compressed_tensors")
+    from transformers import AutoModelForCausalLM
+
+    from compress.io.export import export_checkpoint
+
+    ckpt, _ = int4_llama
+    out = export_checkpoint(tmp_path / "int4", ckpt.config, ckpt.dense, ckpt.quantized, tokenizer=tokenizer)
+    hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    llm = LLM(out)
+    assert llm.w4_activations == "float"
+    ids, got = teacher_forced(llm.model)
+    assert relative_error(got, hf_logits(hf, ids)) < 1e-5
+    assert relative_error(llm.logits([ids])[0], hf(torch.tensor([ids])).logits[0].detach()) < 1e-5
