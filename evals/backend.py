@@ -50,15 +50,16 @@ def _runtime():
 
 
 def load_llm(path: str | Path, dtype: str = "float32", kernels: str = "native",
-             threads: int | None = None):
-    """Open a checkpoint for evaluation (our runtime unless ``kernels='transformers'``)."""
+             threads: int | None = None, w4_activations: str = "float"):
+    """Open a checkpoint for evaluation (our runtime unless ``kernels='transformers'``;
+    ``w4_activations``: the runtime's activation precision for int4 layers)."""
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint directory not found: {path}")
     runtime = None if kernels == REFERENCE_KERNELS else _runtime()
     if runtime is None:
         return TransformersLLM(path, dtype=dtype, threads=threads)
-    return runtime.LLM(str(path), dtype=dtype, kernels=kernels, threads=threads)
+    return runtime.LLM(str(path), dtype=dtype, kernels=kernels, threads=threads, w4_activations=w4_activations)
 
 
 def sampling_params(llm, **kwargs):

@@ -30,6 +30,7 @@ SPEED_PROMPT_LEN = 128
 SPEED_NEW_TOKENS = 64
 
 KERNELS = ("native", "reference", "transformers")
+W4_ACTIVATIONS = ("float", "int8")  # the runtime's choices for int4 layers (compress.runtime.layers)
 EVAL_DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -141,11 +142,14 @@ class EvalConfig:
     threads: int | None = None
     dtype: str = "float32"
     kernels: str = "native"
+    w4_activations: str = "float"  # int4 layers: float activations (the scheme's numbers) or int8 (CPU fast path)
     progress: bool = True
 
     def validate(self) -> None:
         check(self.kernels in KERNELS, "kernels", f"must be one of {list(KERNELS)}, got {self.kernels!r}")
         check(self.dtype in EVAL_DTYPES, "dtype", f"must be one of {list(EVAL_DTYPES)}, got {self.dtype!r}")
+        check(self.w4_activations in W4_ACTIVATIONS, "w4_activations",
+              f"must be one of {list(W4_ACTIVATIONS)}, got {self.w4_activations!r}")
         _positive(self.task_batch_size, "task_batch_size")
         _positive(self.threads, "threads")
         for name in SECTIONS:

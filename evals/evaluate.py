@@ -149,8 +149,10 @@ def evaluate_checkpoint(path: str | Path, eval_config: dict | EvalConfig | None 
     rec.update(cells.run("size", size_fields, path) or {})
     t0 = time.perf_counter()
     if llm is None:
-        llm = cells.run("load", load_llm, path, dtype=cfg.dtype, kernels=cfg.kernels, threads=cfg.threads)
+        llm = cells.run("load", load_llm, path, dtype=cfg.dtype, kernels=cfg.kernels, threads=cfg.threads,
+                        w4_activations=cfg.w4_activations)
     if llm is not None:
+        rec["w4_activations"] = getattr(llm, "w4_activations", None)  # what its int4 layers ran with
         context = model_context(llm, path)
         rec["context"] = context
         rec["eval_settings"] = _settings(cfg, context)

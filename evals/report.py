@@ -26,6 +26,7 @@ COLUMNS = [  # (key, header, format, the cell of the record's "errors" that fill
     ("top1_agreement", "top-1 agree", "{:.2%}", "kl"),
     ("prefill_tok_s", "prefill tok/s", "{:,.0f}", "speed"),
     ("decode_tok_s", "decode tok/s", "{:,.1f}", "speed"),
+    ("w4_activations", "int4 activations", "{}", "load"),
 ]
 ERROR_CELL = "error"
 
@@ -40,6 +41,9 @@ COLUMN_NOTES = {
     "top-1 agree": "share of those positions where the stage's most likely token is the base's",
     "prefill tok/s": "prompt tokens per second, batch 1 (median of repeats)",
     "decode tok/s": "generated tokens per second after the first, batch 1, greedy (median)",
+    "int4 activations": "what the runtime's int4 layers ran with for every figure of the row: float "
+                        "(the w4a16 scheme's numbers) or int8 per block of 32 (the CPU fast path); "
+                        "— for a stage without int4 layers",
 }
 
 PREFERRED_METRICS = ("acc", "acc_norm", "word_perplexity", "byte_perplexity", "bits_per_byte",

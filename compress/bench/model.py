@@ -116,13 +116,18 @@ def run(args, log=print) -> dict:
         from compress.runtime import LLM
         for path in args.paths:
             for kv in args.kv_cache_dtypes:
-                llm = LLM(path, dtype=args.dtype, kernels="native", threads=threads, max_batch_size=max(args.batch),
-                          kv_cache_dtype=None if kv == "model" else kv)
-                scheme = "+".join(sorted({getattr(mod, "scheme", None) for mod in llm.model.modules()} - {None}))
-                kv_name = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}[llm.runner.kv_dtype]
-                for b in args.batch:
-                    runners.append(("compress", scheme, b, _streamed_bytes(llm.model),
-                                    compress_runner(llm, b, args.prompt_len, args.new_tokens), kv_name))
+                for act in args.w4_activations:
+                    llm = LLM(path, dtype=args.dtype, kernels="native", threads=threads, max_batch_size=max(args.batch),
+                              kv_cache_dtype=None if kv == "model" else kv, w4_activations=act)
+                    scheme = "+".join(sorted({getattr(mod, "scheme", None) for mod in llm.model.modules()} - {None}))
+                    if llm.w4_activations == "int8":  # int4 layers on the fast path: named apart
+                        scheme += "/int8-act"
+                    kv_name = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}[llm.runner.kv_dtype]
+                    for b in args.batch:
+                        runners.append(("compress", scheme, b, _streamed_bytes(llm.model),
+                                        compress_runner(llm, b, args.prompt_len, args.new_tokens), kv_name))
+                    if llm.w4_activations is None:  # no int4 layers: the choice changes nothing
+                        break
     hf = args.hf
     need_hf = sorted(engines & {"llamacpp", "transformers"})
     if need_hf and not hf:
@@ -267,6 +272,9 @@ def add_arguments(p) -> None:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int)
     p.add_argument("--dtype", default="float32", help="activation dtype of our runtime")
+    p.add_argument("--w4-activations", nargs="*", default=["float", "int8"], choices=["float", "int8"],
+                   help="our int4 layers' activations, one run each: float (the w4a16 scheme's numbers) and int8 "
+                        "per block of 32 (the CPU fast path, as llama.cpp's Q4 x Q8; scheme 'w4a16/int8-act')")
     p.add_argument("--kv-cache-dtypes", nargs="*", default=["model", "float16"], choices=["model", "float16"],
                    help="KV cache types to run our runtime with: 'model' (= --dtype, exact) and/or float16 "
                         "(what llama.cpp keeps)")

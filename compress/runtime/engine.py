@@ -16,6 +16,7 @@ import torch
 
 from compress.ops import BACKENDS
 from compress.runtime import scoring
+from compress.runtime.layers import Int4Linear
 from compress.runtime.loading import open_checkpoint
 from compress.dtypes import resolve_dtype
 from compress.runtime.model_runner import ModelRunner
@@ -40,7 +41,8 @@ class LLM:
     model's dtype against each weight dequantized in fp32, so the logits are what
     transformers computes on the same export (to fp32 rounding). ``"int8"``: the CPU fast
     path, activations quantized to int8 per block of 32 along K as llama.cpp does
-    (faster int4 kernels; logits ~0.4% off)."""
+    (faster int4 kernels; logits ~0.4% off). The attribute ``w4_activations`` says what
+    the model's int4 layers run with, ``None`` when it has none."""
 
     def __init__(self, path, dtype="float32", kernels: str = "native", device: str = "cpu",
                  max_seq_len: int | None = None, threads: int | None = None, max_batch_size: int = 32,
@@ -75,8 +77,10 @@ class LLM:
         self.dtype = resolve_dtype(dtype)
         self.device = torch.device(device)
         self.kernels = kernels
-        self.w4_activations = w4_activations
         self.model = build_model(ckpt, self.dtype, self.device, kernels, max_seq_len, w4_activations=w4_activations)
+        # what the int4 layers run with (reports record it); None: the model has none
+        has_int4 = any(isinstance(m, Int4Linear) for m in self.model.modules())
+        self.w4_activations = w4_activations if has_int4 else None
         kv = self.dtype if kv_cache_dtype is None else resolve_dtype(kv_cache_dtype)
         if kv not in (self.dtype, torch.float16):
             raise ValueError(f"kv_cache_dtype must be the model dtype ({self.dtype}) or float16, got {kv}")

@@ -79,3 +79,10 @@ def test_dry_run_catches_a_stride_the_context_cannot_take(tmp_path, tiny_model_d
                  "--dry-run"]) == 2
     assert "eval.perplexity.file: evaluation text not found" in capsys.readouterr().err
     assert main(["run", str(_recipe(tmp_path, tiny_model_dir, {})), "--dry-run"]) == 0
+
+
+def test_int4_activation_precision_is_a_checked_setting():
+    assert EvalConfig().w4_activations == "float"
+    assert EvalConfig.from_dict({"w4_activations": "int8"}).w4_activations == "int8"
+    with pytest.raises(ConfigError, match="eval.w4_activations"):
+        EvalConfig.from_dict({"w4_activations": "int4"})

@@ -39,3 +39,14 @@ def test_first_stage_must_be_base(tmp_path):
 def test_markdown_without_tasks():
     md = render_markdown([{"name": "base"}], machine={})
     assert "| `base` | — |" in md and "Tasks" not in md
+
+
+def test_int4_activation_precision_is_recorded_per_stage():
+    """Which activation precision the runtime's int4 layers ran with is a column beside the
+    figures it produced (— for a stage without int4 layers)."""
+    md = render_markdown([{"name": "base", "decode_tok_s": 120.0},
+                          {"name": "rtn-int4", "decode_tok_s": 150.0, "w4_activations": "float"},
+                          {"name": "rtn-int4-fast", "decode_tok_s": 190.0, "w4_activations": "int8"}], machine={})
+    assert "| int4 activations |" in md.splitlines()[2]
+    assert "| 120.0 | — |" in md and "| 150.0 | float |" in md and "| 190.0 | int8 |" in md
+    assert "**int4 activations**" in md
