@@ -11,17 +11,25 @@ ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_v
 
 
 def parse_cpuinfo(text: str) -> dict:
-    """``{"model": ..., "flags": [ISA flags present, in ISA_FLAGS order]}`` from the text
-    of /proc/cpuinfo (x86 ``flags`` or Arm ``Features``; the first processor's)."""
-    model, flags = "", set()
+    """``{"model": ..., "family_model": ..., "flags": [...]}`` from the text of
+    /proc/cpuinfo (the first processor's): the model name, x86 ``cpu family/model``
+    numbers (which tell a generic name such as "AMD EPYC" apart: 25/17 is Zen4 Genoa;
+    "" elsewhere), and the ISA flags present in ISA_FLAGS order (x86 ``flags`` or Arm
+    ``Features``)."""
+    model, family, number, flags = "", "", "", set()
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        key = key.strip().lower()
+        key, value = key.strip().lower(), value.strip()
         if key in ("model name", "cpu model", "hardware") and not model:
-            model = value.strip()
+            model = value
+        elif key == "cpu family" and not family:
+            family = value
+        elif key == "model" and not number:
+            number = value
         elif key in ("flags", "features") and not flags:
             flags = set(value.split())
-    return {"model": model, "flags": [f for f in ISA_FLAGS if f in flags]}
+    return {"model": model, "family_model": f"{family}/{number}" if family and number else "",
+            "flags": [f for f in ISA_FLAGS if f in flags]}
 
 
 def describe_cpu() -> dict:
@@ -31,12 +39,15 @@ def describe_cpu() -> dict:
     try:
         info = parse_cpuinfo(Path("/proc/cpuinfo").read_text())
     except OSError:
-        info = {"model": "", "flags": []}
+        info = {"model": "", "family_model": "", "flags": []}
     info["model"] = info["model"] or platform.processor() or platform.machine()
     info["logical_cpus"] = os.cpu_count()
     return info
 
 
 def cpu_line(cpu: dict) -> str:
-    """One line for a benchmark's output: ``CPU: <model> (<flags>), <n> logical CPUs``."""
-    return f"CPU: {cpu['model']} ({' '.join(cpu['flags']) or 'no listed ISA flags'}), {cpu['logical_cpus']} logical CPUs"
+    """One line for a benchmark's output:
+    ``CPU: <model> (family/model F/M; <flags>), <n> logical CPUs``."""
+    fm = f"family/model {cpu['family_model']}; " if cpu.get("family_model") else ""
+    return (f"CPU: {cpu['model']} ({fm}{' '.join(cpu['flags']) or 'no listed ISA flags'}), "
+            f"{cpu['logical_cpus']} logical CPUs")

@@ -10,7 +10,7 @@ import tarfile
 import pytest
 
 from compress.bench import llamacpp
-from compress.bench.cpu_info import parse_cpuinfo
+from compress.bench.cpu_info import cpu_line, parse_cpuinfo
 from compress.bench.llamacpp import (BUILD_TARGETS, LlamaCppToolsError, build_tools, extract_vendored,
                                      fetch_sdist, load_tools)
 from compress.errors import UserError
@@ -201,10 +201,16 @@ def test_cli_names_the_converter_packages_that_are_missing(fake_build, capsys, m
 
 
 def test_cpuinfo_names_model_and_isa_flags():
-    text = ("processor\t: 0\nmodel name\t: AMD EPYC 9R14 96-Core Processor\n"
+    text = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+            "model name\t: AMD EPYC\n"
             "flags\t\t: fpu sse2 avx2 fma f16c avx512f avx512bw avx512vl avx512_vnni avx512_bf16\n"
-            "processor\t: 1\nmodel name\t: AMD EPYC 9R14 96-Core Processor\nflags\t\t: fpu\n")
+            "processor\t: 1\nmodel name\t: AMD EPYC\nflags\t\t: fpu\n")
     info = parse_cpuinfo(text)
-    assert info == {"model": "AMD EPYC 9R14 96-Core Processor",
+    assert info == {"model": "AMD EPYC", "family_model": "25/17",
                     "flags": ["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
                               "avx512_bf16"]}
+    info["logical_cpus"] = 2
+    assert cpu_line(info) == ("CPU: AMD EPYC (family/model 25/17; avx2 fma f16c avx512f avx512bw avx512vl "
+                              "avx512_vnni avx512_bf16), 2 logical CPUs")
+    arm = parse_cpuinfo("processor\t: 0\nFeatures\t: fp asimd asimddp i8mm\nCPU part\t: 0xd4f\n")
+    assert arm == {"model": "", "family_model": "", "flags": ["asimd", "asimddp", "i8mm"]}
