@@ -105,6 +105,10 @@ def transformers_runner(model, batch: int, prompt_len: int, new_tokens: int):
 def run(args, log=print) -> dict:
     threads = args.threads or torch.get_num_threads()
     torch.set_num_threads(threads)
+    llamacpp_tools = None
+    if args.hf and "llamacpp" in args.engines:  # missing tools: say so before any work
+        from compress.bench.llamacpp import load_tools
+        llamacpp_tools = load_tools(args.llamacpp_dir)
     bw = read_bandwidth(int(args.bandwidth_mib) << 20)
     gbps = bw["best_gbps"]
     cpu = describe_cpu()
@@ -144,7 +148,7 @@ def run(args, log=print) -> dict:
                                 {"float32": "f32", "bfloat16": "bf16"}[dt]))
     llamacpp_info = None
     if hf and "llamacpp" in engines:
-        llamacpp_info = _add_llamacpp_runners(runners, args, hf, threads, log)
+        llamacpp_info = _add_llamacpp_runners(runners, llamacpp_tools, args, hf, threads, log)
     rounds: list[list[tuple[float, float]]] = [[] for _ in runners]
     for r in range(args.reps):
         log(f"# round {r + 1}/{args.reps}: every engine in turn")
@@ -167,14 +171,13 @@ def run(args, log=print) -> dict:
             "records": [asdict(r) for r in records], "comparison": comparison}
 
 
-def _add_llamacpp_runners(runners: list, args, hf: str, threads: int, log) -> dict:
-    """llama.cpp's native tools (``compress bench llamacpp`` builds them) on GGUFs made
-    from ``hf``: one runner per GGUF type and batch. Returns what the JSON records of
-    the build (version, cmake arguments, the GGUF folder)."""
+def _add_llamacpp_runners(runners: list, tools, args, hf: str, threads: int, log) -> dict:
+    """llama.cpp's native ``tools`` (``compress bench llamacpp`` builds them) on GGUFs
+    made from ``hf``: one runner per GGUF type and batch. Returns what the JSON records
+    of the build (version, cmake arguments, the GGUF folder)."""
     from compress.bench import llamacpp_bench
-    from compress.bench.llamacpp import default_dir, load_tools
+    from compress.bench.llamacpp import default_dir
 
-    tools = load_tools(args.llamacpp_dir)
     cache = Path(args.gguf_dir) if args.gguf_dir else (
         Path(args.llamacpp_dir or default_dir()) / "gguf" / llamacpp_bench.source_key(hf))
     for qt in args.gguf_types:

@@ -98,8 +98,10 @@ def test_llamacpp_engine_without_built_tools_says_what_to_run(tmp_path, tiny_lla
 
     a = _parser().parse_args(["bench", "model", "--hf", str(tiny_llama_dir), "--engines", "llamacpp",
                               "--llamacpp-dir", str(tmp_path / "none"), "--bandwidth-mib", "8"])
+    log = []
     with pytest.raises(LlamaCppToolsError, match=r"run `compress bench llamacpp --dir .*none` first"):
-        model.run(a, log=lambda *_: None)
+        model.run(a, log=log.append)
+    assert log == [], "nothing is measured before the check"
 
 
 def test_model_bench_says_which_engines_need_hf(tiny_llama_dir):
