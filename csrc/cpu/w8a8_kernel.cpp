@@ -176,15 +176,18 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& qweight_in, const at::T
   float* sx = reinterpret_cast<float*>(work.data() + 2 * M * Kp);
   float* xo = sx + M;
   int16_t* x16 = i16 ? reinterpret_cast<int16_t*>(work.data() + x16_offset) : nullptr;
-  // The spike guard costs one comparison per row when no column spikes: quantize_row
-  // already takes each row's absmax outside the outlier columns. A spike (rare) reruns
-  // the call with the spike columns among the outliers.
+  // The spike guard. One row (decode): a comparison, quantize_row takes the row's absmax
+  // outside the outlier columns anyway, and a spike (rare) reruns the call with the spike
+  // columns among the outliers. Many rows (prefill; a spike somewhere in a long prompt is
+  // common): the columns are checked first, a pass over x, and the call runs once.
   const bool guarded = threshold.has_value() && outlier_idx != nullptr;
-  float one_row_amax = 0.f;  // decode: no allocation
-  std::vector<float> rows_amax(guarded && M > 1 ? M : 0);
-  float* row_amax = M > 1 ? rows_amax.data() : &one_row_amax;
-  quantize_rows(x, C ? idx.data() : nullptr, C, Kp, qx, ax, sx, xo, x16, guarded ? row_amax : nullptr);
-  if (guarded && *std::max_element(row_amax, row_amax + M) >= *threshold) {
+  if (guarded && M > 1) {
+    const std::vector<int64_t> extra = spike_columns(x, idx, *threshold);
+    if (!extra.empty()) return run_with_spikes(x, qweight, wscale, idx, ow, extra, tiled, op, out);
+  }
+  float row_amax = 0.f;
+  quantize_rows(x, C ? idx.data() : nullptr, C, Kp, qx, ax, sx, xo, x16, guarded && M == 1 ? &row_amax : nullptr);
+  if (guarded && M == 1 && row_amax >= *threshold) {
     const std::vector<int64_t> extra = spike_columns(x, idx, *threshold);
     if (!extra.empty()) return run_with_spikes(x, qweight, wscale, idx, ow, extra, tiled, op, out);
   }
