@@ -16,7 +16,7 @@ import torch
 
 from compress.ops import BACKENDS
 from compress.runtime import scoring
-from compress.runtime.layers import Int4Linear
+from compress.runtime.layers import DEFAULT_W4_ACTIVATIONS, Int4Linear
 from compress.runtime.loading import open_checkpoint
 from compress.dtypes import resolve_dtype
 from compress.runtime.model_runner import ModelRunner
@@ -46,7 +46,7 @@ class LLM:
 
     def __init__(self, path, dtype="float32", kernels: str = "native", device: str = "cpu",
                  max_seq_len: int | None = None, threads: int | None = None, max_batch_size: int = 32,
-                 kv_cache_dtype=None, w4_activations: str = "float"):
+                 kv_cache_dtype=None, w4_activations: str = DEFAULT_W4_ACTIVATIONS):
         ckpt = open_checkpoint(path)
         directory = Path(getattr(ckpt, "path", None) or path)
         self.checkpoint_path = directory
@@ -58,7 +58,8 @@ class LLM:
     @classmethod
     def from_checkpoint(cls, ckpt, tokenizer=None, dtype="float32", kernels: str = "native",
                         device: str = "cpu", max_seq_len: int | None = None, threads: int | None = None,
-                        max_batch_size: int = 32, kv_cache_dtype=None, w4_activations: str = "float") -> "LLM":
+                        max_batch_size: int = 32, kv_cache_dtype=None,
+                        w4_activations: str = DEFAULT_W4_ACTIVATIONS) -> "LLM":
         """Build from an in-memory checkpoint (``config``, ``dense``, ``quantized``)."""
         self = cls.__new__(cls)
         self.checkpoint_path = getattr(ckpt, "path", None)
@@ -67,7 +68,8 @@ class LLM:
         return self
 
     def _setup(self, ckpt, dtype, kernels, device, max_seq_len, threads, max_batch_size,
-               tokenizer, generation_config: dict, kv_cache_dtype=None, w4_activations: str = "float") -> None:
+               tokenizer, generation_config: dict, kv_cache_dtype=None,
+               w4_activations: str = DEFAULT_W4_ACTIVATIONS) -> None:
         if kernels not in BACKENDS:
             raise ValueError(f"unknown kernels {kernels!r}; choose one of {BACKENDS}")
         if threads:

@@ -19,7 +19,8 @@ from compress.architectures import ArchSpec, get_arch
 from compress.ops import _cpu_module, get_op, native_available
 from compress.ops.reference import apply_rope
 from compress.runtime.hugepages import relocate_to_huge_pages
-from compress.runtime.layers import LAYER_CLASSES, LINEAR_TYPES, Int4Linear, check_w4_activations, fuse_linears
+from compress.runtime.layers import (DEFAULT_W4_ACTIVATIONS, LAYER_CLASSES, LINEAR_TYPES, Int4Linear,
+                                     check_w4_activations, fuse_linears)
 from compress.runtime.models.rope import inverse_frequencies, rope_tables
 
 SUPPORTED_ACTIVATIONS = ("silu", "swish")
@@ -321,7 +322,7 @@ class CheckpointTensors:
 
 def build_model(ckpt, dtype: torch.dtype = torch.float32, device="cpu", kernels: str = "native",
                 max_seq_len: int | None = None, fuse: bool = True, huge_pages: bool = True,
-                w4_activations: str = "float") -> LlamaFamilyModel:
+                w4_activations: str = DEFAULT_W4_ACTIVATIONS) -> LlamaFamilyModel:
     """Our decoder for a checkpoint (``config``, ``dense``, ``quantized``). ``fuse``: q/k/v
     and gate/up run as one linear each where their schemes allow it. ``huge_pages``: on
     the native CPU kernels, the prepared weights move into 2 MiB pages, in the order a
