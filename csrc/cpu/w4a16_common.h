@@ -1,8 +1,10 @@
 // The W4A16 kernel's parts that need no ATen: the prepared weight layout (W4Args, row
 // tiling), the activation quantizer (scalar and AVX2, the same bytes) and the scalar
-// tile. w4a16_gemm.cpp adds the AVX2 / AVX-512 VNNI tiles (w4a16_tile.inc), the op entry
+// tile of the int8-activation kernel (compress::w4a8_gemm). w4a8_gemm.cpp adds the AVX2 /
+// AVX-512 VNNI tiles (w4a16_tile.inc), the op entry
 // points and the thread split; csrc/cpu/tests/isa_emulation.cpp includes this to run the
-// same tiles under SIMDe. Method and layout: w4a16_gemm.cpp and csrc/cpu/README.md.
+// same tiles under SIMDe. Method and layout: w4a8_gemm.cpp and csrc/cpu/README.md. The
+// float-activation kernel (w4a16_gemm.cpp) shares the layout (W4Args, w4_row).
 #pragma once
 
 #include "cpu/simd_common.h"
@@ -32,7 +34,7 @@ constexpr int64_t kPrefetchL2Bytes = 16384;
 
 // Fewest rows for which the avx512_vnni level takes the AMX-BF16 tiles (w4a16_amx.inc)
 // where the CPU and OS allow them (default kW4AmxMinRows; fewer rows: the int8 tiles, see
-// csrc/cpu/README.md); set_amx_min_rows returns the previous value (w4a16_gemm.cpp).
+// csrc/cpu/README.md); set_amx_min_rows returns the previous value (w4a8_gemm.cpp).
 constexpr int64_t kW4AmxMinRows = 32;
 int64_t set_amx_min_rows(int64_t rows);
 int64_t amx_min_rows();

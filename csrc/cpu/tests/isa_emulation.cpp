@@ -6,7 +6,7 @@
 // ATen-free layout / quantizer headers, compiled with simde_shim/ first on the include
 // path: every intrinsic is SIMDe's portable implementation, and COMPRESS_ISA_EMULATION
 // keeps all code at the baseline ISA. The setup around the tiles (activation
-// quantization, workspaces, block split) mirrors w4a16_run and w8::run without ATen.
+// quantization, workspaces, block split) mirrors w4a8_run and w8::run without ATen.
 // tests/csrc/test_cpu_isa_emulation.py builds it into a shared library and compares it
 // with the compiled extension's ops and the reference.
 #ifndef COMPRESS_ISA_EMULATION
@@ -57,14 +57,14 @@ void for_blocks(int64_t M, int64_t N, int64_t nb, const F& fn) {
 
 extern "C" {
 
-// Prepared W4A16 (w4a16_gemm_prepared's tensors): x fp32 [M, K], w the row-tiled bytes
+// Prepared W4A8 (w4a8_gemm_prepared's tensors): x fp32 [M, K], w the row-tiled bytes
 // ([N, K/2]; rows [0, N4) tiled), s fp32 / z uint8 [N, K/G], y fp32 [M, N]. isa: 0
 // scalar, 1 AVX2 tiles, 2 AVX-512 VNNI tiles (activations quantized on the AVX2 path
 // for 1 and 2, as on those CPUs). Returns 0, or -1 for arguments the tiles do not take.
 int cpk_emu_w4a16(int isa, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int64_t N4,
                   int64_t G, const float* s, const uint8_t* z, int64_t nb, float* y) {
   if (M < 1 || N < 1 || K % G != 0 || nb < 4 || nb % 4 != 0) return -1;
-  if (G != w4::kBlock && G % w4::kChunk != 0) return -1;  // the tiles' group sizes (w4a16_run)
+  if (G != w4::kBlock && G % w4::kChunk != 0) return -1;  // the tiles' group sizes (w4a8_run)
   if (N4 != 0 && (N4 != N - N % w4::kTileRows || K % w4::kChunk != 0)) return -1;
   const int64_t KC = ceil_div(K, w4::kChunk), NG = K / G;
   std::vector<int8_t> xq(M * KC * w4::kChunk);
