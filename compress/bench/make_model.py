@@ -14,14 +14,13 @@ converter does not recognise the embedded BPE pre-tokenizer; the benchmark feeds
 ids and ignores EOS, so neither tokenizer changes the figures."""
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
 import torch
 
 from compress.errors import UserError
-from compress.io.files import make_temp_dir, set_new_file_mode
+from compress.io.files import atomic_dir
 
 PACKAGE = Path(__file__).resolve().parents[1]
 EMBEDDED_MODEL = PACKAGE.parent / "models" / "pydoc-llama"
@@ -55,23 +54,13 @@ def _save_hf_dir(model, hf: Path, tokenizer_from: Path | None, sentencepiece: bo
     if hf.exists() and (not hf.is_dir() or (any(hf.iterdir()) and not (hf / "config.json").is_file())):
         raise MakeModelError(f"refusing to replace {hf}: it exists and holds no config.json (not a model "
                              "this command wrote)")
-    hf.parent.mkdir(parents=True, exist_ok=True)
-    tmp = make_temp_dir(hf, "tmp")
-    try:
+    with atomic_dir(hf) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         for name in TOKENIZER_FILES if tokenizer_from is not None else ():
             if (tokenizer_from / name).exists():
                 shutil.copy(tokenizer_from / name, tmp / name)
         if sentencepiece:
             train_sentencepiece(tmp, log)
-        for f in tmp.iterdir():
-            set_new_file_mode(f)
-        if hf.exists():
-            shutil.rmtree(hf)
-        os.rename(tmp, hf)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def make_bench_model(out: Path, *, hidden: int = 1024, layers: int = 24, intermediate: int = 2816,

@@ -15,14 +15,13 @@ same for down_proj's input (up_proj rows x f, down_proj columns / f)::
     compress bench outlier-model models/pydoc-llama /tmp/pydoc-llama-outliers"""
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
 import torch
 
 from compress.errors import UserError
-from compress.io.files import atomic_write_text, make_temp_dir, set_new_file_mode
+from compress.io.files import atomic_dir, atomic_write_text
 
 PROBE_TEXT = "Return the number of items in a container."
 
@@ -89,9 +88,7 @@ def make_outlier_model(src: str, out: Path, channels: int = 4, down_channels: in
     rel = float((after - before).norm() / before.norm())
     log(f"planted residual channels {residual} and down_proj input channels {down} x{factor}; "
         f"logits relative change {rel:.2e}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = make_temp_dir(out, "tmp")
-    try:
+    with atomic_dir(out) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         for extra in ("special_tokens_map.json",):
@@ -102,14 +99,6 @@ def make_outlier_model(src: str, out: Path, channels: int = 4, down_channels: in
                           f"--down-channels {down_channels} --factor {factor} --seed {seed}`\n"
                           f"residual channels {residual}, down_proj input channels {down}, factor {factor}; "
                           f"logits relative change {rel:.2e}\n")
-        for f in tmp.iterdir():
-            set_new_file_mode(f)
-        if out.exists():
-            shutil.rmtree(out)
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log(f"saved to {out}")
     return {"residual_channels": residual, "down_channels": down, "factor": factor, "logits_rel_change": rel}
 

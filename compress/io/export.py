@@ -29,7 +29,7 @@ from compress.io.formats import (FORMAT_NAME, FORMAT_VERSION, CheckpointFormatEr
                                  build_quantization_config, encode_quantized)
 from compress.io.schemes import QuantizedWeight
 from compress.errors import UserError
-from compress.io.files import make_temp_dir, set_new_file_mode
+from compress.io.files import atomic_dir
 
 MANIFEST_NAME = "compress_manifest.json"
 RECIPE_NAME = "recipe.yaml"
@@ -70,19 +70,6 @@ def _fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
     finally:
         os.close(fd)
 
@@ -232,8 +219,7 @@ def export_checkpoint(out_dir: str | os.PathLike, model_config: Any,
 
     quant_config = build_quantization_config(quantized, _dense_linear_modules(state_dict_dense))
 
-    tmp = make_temp_dir(out_dir, "tmp")
-    try:
+    with atomic_dir(out_dir) as tmp:
         shards = _shard(tensors, max_shard_bytes)
         if len(shards) == 1:
             _write_safetensors(shards[0], tmp / SAFE_WEIGHTS_NAME)
@@ -258,7 +244,6 @@ def export_checkpoint(out_dir: str | os.PathLike, model_config: Any,
         files = {}
         for p in sorted(tmp.rglob("*")):
             if p.is_file():
-                set_new_file_mode(p)
                 _fsync_file(p)
                 files[p.relative_to(tmp).as_posix()] = {"sha256": sha256_file(p), "size": p.stat().st_size}
         manifest = {
@@ -270,31 +255,7 @@ def export_checkpoint(out_dir: str | os.PathLike, model_config: Any,
         }
         _write_json(tmp / MANIFEST_NAME, manifest)
         _fsync_file(tmp / MANIFEST_NAME)
-        _fsync_dir(tmp)
-        _replace_dir(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
-
-
-def _replace_dir(tmp: Path, out_dir: Path) -> None:
-    """Rename ``tmp`` to ``out_dir``; an existing ``out_dir`` is moved aside first and
-    deleted only once the new one is in place (restored if the final rename fails)."""
-    old = None
-    if out_dir.exists():
-        old = make_temp_dir(out_dir, "old")
-        os.rmdir(old)
-        os.rename(out_dir, old)
-    try:
-        os.rename(tmp, out_dir)
-    except BaseException:
-        if old is not None:
-            os.rename(old, out_dir)
-        raise
-    _fsync_dir(out_dir.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _jsonable(obj: Any) -> Any:

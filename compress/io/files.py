@@ -7,7 +7,9 @@ accounts and containers."""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -50,4 +52,56 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def replace_dir(tmp: Path, target: Path) -> None:
+    """Rename directory ``tmp`` to ``target``; an existing ``target`` is moved aside first
+    and deleted only once the new one is in place (restored if the final rename fails)."""
+    old = None
+    if target.exists():
+        old = make_temp_dir(target, "old")
+        os.rmdir(old)
+        os.rename(target, old)
+    try:
+        os.rename(tmp, target)
+    except BaseException:
+        if old is not None:
+            os.rename(old, target)
+        raise
+    fsync_dir(target.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def atomic_dir(target: str | Path):
+    """Yields an empty temporary directory beside ``target``; when the block ends without
+    an error its files get the umask's modes and it replaces ``target`` (see
+    :func:`replace_dir`); on an error it is deleted and ``target`` is left as it was."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = make_temp_dir(target, "tmp")
+    try:
+        yield tmp
+        for f in tmp.rglob("*"):
+            if f.is_file() and not f.is_symlink():
+                set_new_file_mode(f)
+        fsync_dir(tmp)
+        replace_dir(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
