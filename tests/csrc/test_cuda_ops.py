@@ -166,7 +166,7 @@ def test_opcheck():
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
 
 
-# --- argument checks (csrc/cuda/op_checks.h; host-tested in test_cuda_host.py) ---------------
+# --- argument checks (csrc/cuda/op_checks.h; host-tested in test_cuda_op_checks.py) ---------------
 def test_group_size_that_is_not_positive_is_an_error_not_a_crash():
     q, s, z = rand_int4(128, 64, 64, torch.float16)
     x = rand_x(2, 64, torch.float16)
