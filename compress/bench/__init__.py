@@ -10,42 +10,27 @@ outlier features, same function).
 from __future__ import annotations
 
 
+# subcommand -> (module in compress.bench with add_arguments(parser) and main(args), help)
+SUBCOMMANDS = {
+    "kernels": ("kernels", "W4A16 / W8A8 / LLM.int8 kernels vs PyTorch and bitsandbytes"),
+    "model": ("model", "prefill / decode tokens/s of a checkpoint vs llama.cpp and transformers"),
+    "cuda": ("cuda", "CUDA kernels vs cuBLAS fp16, PyTorch's int4 kernel and the roofline (GPU)"),
+    "profile": ("profile", "where a checkpoint's decode step spends its time, by op group"),
+    "make-model": ("make_model", "the random-init benchmark Llama (HF dir) and its RTN int4 / int8 exports"),
+    "outlier-model": ("outlier_model", "a copy of a Llama-family model with outlier feature dimensions "
+                                       "(same outputs)"),
+    "llamacpp": ("llamacpp", "build llama.cpp's llama-bench / llama-batched-bench / llama-quantize "
+                             "for this CPU (the baseline of `bench model`)"),
+}
+
+
 def add_bench_parser(subparsers) -> None:
+    import importlib
+
     bench = subparsers.add_parser("bench", help="benchmark the kernels or a model (prints medians and ratios)")
     sub = bench.add_subparsers(dest="bench_command", required=True)
-
-    from compress.bench import kernels, model  # light imports: torch only
-
-    pk = sub.add_parser("kernels", help="W4A16 / W8A8 / LLM.int8 kernels vs PyTorch and bitsandbytes")
-    kernels.add_arguments(pk)
-    pk.set_defaults(func=kernels.main, handler=kernels.main)
-
-    pm = sub.add_parser("model", help="prefill / decode tokens/s of a checkpoint vs llama.cpp and transformers")
-    model.add_arguments(pm)
-    pm.set_defaults(func=model.main, handler=model.main)
-
-    from compress.bench import cuda, make_model, outlier_model, profile  # light imports: torch only
-
-    pc = sub.add_parser("cuda", help="CUDA kernels vs cuBLAS fp16, PyTorch's int4 kernel and the roofline (GPU)")
-    cuda.add_arguments(pc)
-    pc.set_defaults(func=cuda.main, handler=cuda.main)
-
-    pp = sub.add_parser("profile", help="where a checkpoint's decode step spends its time, by op group")
-    profile.add_arguments(pp)
-    pp.set_defaults(func=profile.main, handler=profile.main)
-
-    pmm = sub.add_parser("make-model", help="the random-init benchmark Llama (HF dir) and its RTN int4 / int8 exports")
-    make_model.add_arguments(pmm)
-    pmm.set_defaults(func=make_model.main, handler=make_model.main)
-
-    po = sub.add_parser("outlier-model", help="a copy of a Llama-family model with outlier feature dimensions "
-                                              "(same outputs)")
-    outlier_model.add_arguments(po)
-    po.set_defaults(func=outlier_model.main, handler=outlier_model.main)
-
-    from compress.bench import llamacpp
-
-    pl = sub.add_parser("llamacpp", help="build llama.cpp's llama-bench / llama-batched-bench / llama-quantize "
-                                         "for this CPU (the baseline of `bench model`)")
-    llamacpp.add_arguments(pl)
-    pl.set_defaults(func=llamacpp.main, handler=llamacpp.main)
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        module = importlib.import_module(f"compress.bench.{module_name}")  # light imports: torch only
+        parser = sub.add_parser(name, help=help_text)
+        module.add_arguments(parser)
+        parser.set_defaults(func=module.main)
