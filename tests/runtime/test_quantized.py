@@ -42,6 +42,11 @@ def quantize(w: torch.Tensor, scheme: str) -> tuple[QuantizedWeight, torch.Tenso
     """(packed weight, the dense weight it stands for)."""
     if scheme == "w4a16":
         return rtn_int4(w)
+    if scheme == "w4a16-channel":   # one scale per output row, any K (the quantizer's own core)
+        from quantizers.rtn import RTNConfig, quantize_weight_rtn
+
+        qw = quantize_weight_rtn(w, RTNConfig(group_size="channel"), "test")
+        return qw, qw.dequantize()
     if scheme == "w8a8":
         q, s = rtn_int8(w)
         return QuantizedWeight("w8a8", {"qweight": q, "weight_scale": s}), q.float() * s[:, None]
@@ -55,9 +60,10 @@ def quantize(w: torch.Tensor, scheme: str) -> tuple[QuantizedWeight, torch.Tenso
                                         "outlier_weight": w[:, idx].clone()}, {"threshold": 6.0}), dense
 
 
-def quantized_pair(family: str, scheme: str, vocab: int):
-    """(checkpoint with every block linear packed, HF model holding the dequantized weights)."""
-    config = tiny_config(family, vocab)
+def quantized_pair(family: str, scheme: str, vocab: int, **overrides):
+    """(checkpoint with every block linear packed, HF model holding the dequantized weights);
+    ``overrides`` change the tiny config (e.g. ``intermediate_size=172``)."""
+    config = tiny_config(family, vocab, **overrides)
     model = hf_model(config)
     arch = get_arch(config.model_type)
     state = {k: v.clone() for k, v in model.state_dict().items()}
