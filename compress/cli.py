@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+from compress.w4_activations import DEFAULT_W4_ACTIVATIONS, W4_ACTIVATIONS
+
 
 def _cmd_run(args) -> int:
     from compress.preflight import preflight
@@ -126,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--no-speed", action="store_true")
     e.add_argument("--threads", type=int, default=None)
     e.add_argument("--kernels", choices=["native", "reference"], default="native")
-    e.add_argument("--w4-activations", choices=["float", "int8"], default="float",
+    e.add_argument("--w4-activations", choices=W4_ACTIVATIONS, default=DEFAULT_W4_ACTIVATIONS,
                    help="activations of int4 (w4a16) layers: float, the scheme's numbers (default), or int8 per block "
                         "of 32, the CPU fast path (as llama.cpp; ~0.4%% off the logits)")
     e.add_argument("--json", help="also write the record to this file")
@@ -152,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--kv-cache-dtype", default=None, choices=["float16"],
                    help="store keys and values in float16 (half the cache bytes; default: --dtype, exact)")
     g.add_argument("--kernels", choices=["native", "reference"], default="native")
-    g.add_argument("--w4-activations", choices=["float", "int8"], default="float",
+    g.add_argument("--w4-activations", choices=W4_ACTIVATIONS, default=DEFAULT_W4_ACTIVATIONS,
                    help="activations of int4 (w4a16) layers: float, the scheme's numbers (default), or int8 per block "
                         "of 32, the CPU fast path (as llama.cpp; ~0.4%% off the logits)")
     g.add_argument("--threads", type=int, default=None)

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from compress.w4_activations import DEFAULT_W4_ACTIVATIONS
+
 log = logging.getLogger(__name__)
 
 REFERENCE_KERNELS = "transformers"
@@ -50,7 +52,7 @@ def _runtime():
 
 
 def load_llm(path: str | Path, dtype: str = "float32", kernels: str = "native",
-             threads: int | None = None, w4_activations: str = "float"):
+             threads: int | None = None, w4_activations: str = DEFAULT_W4_ACTIVATIONS):
     """Open a checkpoint for evaluation (our runtime unless ``kernels='transformers'``;
     ``w4_activations``: the runtime's activation precision for int4 layers)."""
     path = Path(path)

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 
 from compress.config import ConfigError, check
+from compress.w4_activations import DEFAULT_W4_ACTIVATIONS, W4_ACTIVATIONS
 
 # the held-out text shipped with the repository (the embedded model's evaluation set)
 DEFAULT_EVAL_TEXT = str(Path(__file__).resolve().parent.parent / "data" / "pydoc" / "eval.txt")
@@ -30,7 +31,6 @@ SPEED_PROMPT_LEN = 128
 SPEED_NEW_TOKENS = 64
 
 KERNELS = ("native", "reference", "transformers")
-W4_ACTIVATIONS = ("float", "int8")  # the runtime's choices for int4 layers (compress.runtime.layers)
 EVAL_DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -142,7 +142,7 @@ class EvalConfig:
     threads: int | None = None
     dtype: str = "float32"
     kernels: str = "native"
-    w4_activations: str = "float"  # int4 layers: float activations (the scheme's numbers) or int8 (CPU fast path)
+    w4_activations: str = DEFAULT_W4_ACTIVATIONS  # int4 layers: float activations (the scheme's numbers) or int8 (CPU fast path)
     progress: bool = True
 
     def validate(self) -> None:

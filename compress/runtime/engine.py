@@ -16,7 +16,8 @@ import torch
 
 from compress.ops import BACKENDS
 from compress.runtime import scoring
-from compress.runtime.layers import DEFAULT_W4_ACTIVATIONS, Int4Linear
+from compress.runtime.layers import Int4Linear
+from compress.w4_activations import DEFAULT_W4_ACTIVATIONS
 from compress.runtime.loading import open_checkpoint
 from compress.dtypes import resolve_dtype
 from compress.runtime.model_runner import ModelRunner

@@ -11,33 +11,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from compress.errors import UserError
 from compress.ops import get_op, native_available
 from compress.runtime.int4_padding import pad_activations, pad_int4_in_features
 from compress.runtime.outlier_columns import checked_outlier_idx
+from compress.w4_activations import DEFAULT_W4_ACTIVATIONS
 from compress.ops.reference import (w4a16_prepare_cpu_scales, w4a16_tile_cpu, w4a16_untile_cpu,
                                     w8a8_outlier_gemm_guarded, w8a8_tile_cpu, w8a8_untile_cpu)
-
-# How int4 (w4a16) layers treat their activations (LLM(w4_activations=...)):
-#   "float": as the scheme says: activations in the model's dtype, each weight dequantized
-#            as (u - zero) * scale in fp32, fp32 FMAs (op w4a16_gemm[_prepared]); what
-#            transformers computes on the same export.
-#   "int8":  the CPU fast path: activations quantized to int8 per block of 32 along K and
-#            integer dot products, as llama.cpp's Q4 x Q8 (op w4a8_gemm[_prepared]);
-#            faster kernels, logits ~0.4% off the scheme's.
-W4_ACTIVATIONS = ("float", "int8")
-# the default: the scheme's numbers. "int8" decodes faster (1.35x on the embedded model,
-# 2x on the 345M bench model, one thread, Zen 4), but is opt-in: the export promises these.
-DEFAULT_W4_ACTIVATIONS = "float"
-
-
-def check_w4_activations(value: str) -> str:
-    """``value`` if it is one of :data:`W4_ACTIVATIONS`, else a UserError naming it."""
-    if value not in W4_ACTIVATIONS:
-        raise UserError(f"w4_activations: unknown activation precision {value!r} for int4 layers; "
-                        f"choose one of {list(W4_ACTIVATIONS)}")
-    return value
-
 
 class DenseLinear(nn.Module):
     scheme = "dense"
@@ -130,10 +109,10 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
     """W4A16: groupwise asymmetric int4 weights, float activations. A per-channel weight
     whose K the kernels cannot take is padded here, once (``runtime/int4_padding.py``).
     ``activations`` (set before ``prepare``): "float" (the default) or "int8", the CPU
-    fast path (:data:`W4_ACTIVATIONS`)."""
+    fast path (``compress/w4_activations.py``)."""
     scheme = "w4a16"
     op_name = "w4a16_gemm"
-    activations = "float"
+    activations = DEFAULT_W4_ACTIVATIONS
     _tile, _untile = staticmethod(w4a16_tile_cpu), staticmethod(w4a16_untile_cpu)
 
     def __init__(self, qweight, scales, zeros, group_size: int, in_features: int, bias=None):

@@ -19,8 +19,8 @@ from compress.architectures import ArchSpec, get_arch
 from compress.ops import _cpu_module, get_op, native_available
 from compress.ops.reference import apply_rope
 from compress.runtime.hugepages import relocate_to_huge_pages
-from compress.runtime.layers import (DEFAULT_W4_ACTIVATIONS, LAYER_CLASSES, LINEAR_TYPES, Int4Linear,
-                                     check_w4_activations, fuse_linears)
+from compress.runtime.layers import LAYER_CLASSES, LINEAR_TYPES, Int4Linear, fuse_linears
+from compress.w4_activations import DEFAULT_W4_ACTIVATIONS, check_w4_activations
 from compress.runtime.models.rope import inverse_frequencies, rope_tables
 
 SUPPORTED_ACTIVATIONS = ("silu", "swish")
@@ -327,7 +327,7 @@ def build_model(ckpt, dtype: torch.dtype = torch.float32, device="cpu", kernels:
     and gate/up run as one linear each where their schemes allow it. ``huge_pages``: on
     the native CPU kernels, the prepared weights move into 2 MiB pages, in the order a
     decode step reads them (``runtime/hugepages.py``). ``w4_activations``: how int4 layers
-    treat their activations, "float" or "int8" (``layers.W4_ACTIVATIONS``)."""
+    treat their activations, "float" or "int8" (``compress/w4_activations.py``)."""
     check_w4_activations(w4_activations)
     config = ckpt.config
     arch = get_arch(getattr(config, "model_type", None), where="config.json")
