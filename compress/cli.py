@@ -38,8 +38,9 @@ def _cmd_eval(args) -> int:
 
         return bootstrap_command(args)
     from evals.backend import max_context
-    from evals.evaluate import (EvalConfig, KLConfig, PerplexityConfig, SpeedConfig,
-                                check_eval_against_context, evaluate_checkpoint)
+    from evals.eval_config import (EvalConfig, KLConfig, PerplexityConfig, SpeedConfig,
+                                   check_eval_against_context)
+    from evals.evaluate import evaluate_checkpoint
     from compress.io.files import atomic_write_text
     from evals.report import render_markdown
 

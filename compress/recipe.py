@@ -15,7 +15,7 @@ import yaml
 
 from compress.config import ConfigError, check, from_dict, to_dict
 from compress.registry import get_method
-from evals.evaluate import EvalConfig
+from evals.eval_config import EvalConfig
 
 STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 

@@ -120,7 +120,7 @@ def render_bootstrap(record: dict) -> str:
 def bootstrap_command(args) -> int:
     """``compress eval PATH --base BASE --bootstrap OTHER...`` (the parser's namespace)."""
     from compress.io.files import atomic_write_text
-    from evals.evaluate import PerplexityConfig
+    from evals.eval_config import PerplexityConfig
 
     if not args.base:
         raise BootstrapError("--bootstrap compares gaps to a base model: give --base BASE")

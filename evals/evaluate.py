@@ -26,9 +26,7 @@ import torch
 
 from compress.config import ConfigError
 from evals.backend import load_llm, model_context
-from evals.eval_config import (DEFAULT_EVAL_TEXT, SECTIONS, EvalConfig, KLConfig,  # noqa: F401
-                               PerplexityConfig, SpeedConfig, check_eval_against_context,
-                               sized_section)
+from evals.eval_config import SECTIONS, EvalConfig, KLConfig, sized_section
 from evals.kl import KLReference, build_kl_reference, kl_to_reference
 from evals.perplexity import perplexity
 

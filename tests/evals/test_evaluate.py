@@ -4,7 +4,8 @@ import math
 import pytest
 
 from evals.backend import load_llm
-from evals.evaluate import EvalConfig, evaluate_checkpoint
+from evals.eval_config import EvalConfig
+from evals.evaluate import evaluate_checkpoint
 from evals.report import write_report
 from evals.speed import measure_speed
 
