@@ -40,20 +40,16 @@ def meta_model(config) -> nn.Module:
         return AutoModelForCausalLM.from_config(config)
 
 
-def context_length(config) -> int | None:
-    """How many positions the model can attend to (``max_position_embeddings``), if it says."""
-    n = getattr(config, "max_position_embeddings", None)
-    return int(n) if isinstance(n, int) and n > 0 else None
-
-
 def preflight(recipe) -> list[str]:
     """Run every check the model's config allows; returns notes for the user (what was
     and was not checked). Raises ConfigError at the first problem."""
+    from evals.backend import max_context
     from evals.eval_config import check_eval_against_context
 
     config = model_config(recipe)
-    check_eval_against_context(recipe.eval, context_length(config) if config is not None else None,
-                               where=f"{recipe.path}: eval", resolve=recipe.resolve)
+    # the context the evaluation will size itself to (the same lookup as at run time)
+    context = max_context(recipe.model_location) if config is not None else None
+    check_eval_against_context(recipe.eval, context, where=f"{recipe.path}: eval", resolve=recipe.resolve)
     if config is None:
         return [f"model {recipe.model.path!r} is not a local directory: shapes are checked when it loads"]
     model = meta_model(config)
