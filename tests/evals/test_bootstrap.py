@@ -8,7 +8,7 @@ import torch
 from compress.cli import main
 from evals.bootstrap import gap_ratio_interval
 
-from conftest import make_model_dir
+from eval_models import make_model_dir
 
 
 def test_gap_ratio_interval_is_the_ratio_of_summed_gaps():

@@ -9,7 +9,7 @@ from evals.evaluate import evaluate_checkpoint
 from evals.report import write_report
 from evals.speed import measure_speed
 
-from conftest import make_model_dir
+from eval_models import make_model_dir
 
 
 def _cfg(text):

@@ -4,7 +4,7 @@ import torch
 from evals.backend import load_llm
 from evals.kl import KLReference, build_kl_reference, kl_per_position, kl_to_reference
 
-from conftest import make_model_dir
+from eval_models import make_model_dir
 
 
 @pytest.fixture(scope="module")
