@@ -1,16 +1,18 @@
 """The one registry of recipe methods: method name -> (config class, apply function).
 
-Adding a method means adding one line here. ``apply(state, config, ctx)`` mutates the
-:class:`compress.state.CompressionState` in place.
+Adding a method means adding one line here. ``step(model, arch, config, ctx)`` makes the
+:class:`compress.block_steps.BlockStep` that the stage executor runs block by block;
+``apply(state, config, ctx)`` runs the same step on a model held in memory (mutating
+the :class:`compress.state.CompressionState` in place).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
-from quantizers.awq import AWQConfig, apply_awq
-from quantizers.llm_int8 import LLMInt8Config, apply_llm_int8
-from quantizers.rtn import RTNConfig, apply_rtn
+from quantizers.awq import AWQConfig, AWQStep, apply_awq
+from quantizers.llm_int8 import LLMInt8Config, LLMInt8Step, apply_llm_int8
+from quantizers.rtn import RTNConfig, RTNStep, apply_rtn
 from quantizers.shape_checks import check_int4_group_size, check_targets
 
 
@@ -19,6 +21,7 @@ class Method:
     name: str
     config_class: type
     apply: Callable
+    step: Callable                      # (model, arch, config, ctx) -> BlockStep
     needs_calibration: bool
     description: str
     # check_model(meta_model, config, where): raises ConfigError when the model's shapes
@@ -27,13 +30,13 @@ class Method:
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("rtn", RTNConfig, apply_rtn, False,
+    Method("rtn", RTNConfig, apply_rtn, RTNStep, False,
            "round-to-nearest: int8 per-channel W8A8 or groupwise / per-channel int4 W4A16",
            check_int4_group_size),
-    Method("llm_int8", LLMInt8Config, apply_llm_int8, True,
+    Method("llm_int8", LLMInt8Config, apply_llm_int8, LLMInt8Step, True,
            "LLM.int8(): vector-wise int8 with calibrated outlier input columns kept in float",
            check_targets),
-    Method("awq", AWQConfig, apply_awq, True,
+    Method("awq", AWQConfig, apply_awq, AWQStep, True,
            "AWQ: activation-aware scales folded into the previous op, clip search, "
            "groupwise / per-channel int4 W4A16", check_int4_group_size),
 )}

@@ -1,6 +1,6 @@
 """``method: awq``: activation-aware weight quantization to groupwise int4 (W4A16).
 
-Layer by layer (``iterate_blocks``): for each decoder block, for each scale group of the
+Block by block (``compress/block_steps.py``): for each decoder block, for each scale group of the
 architecture table (q/k/v after the attention norm, o after v, gate/up after the MLP
 norm, down after up):
 
@@ -29,15 +29,14 @@ from typing import Literal
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
-
-from compress.calibration import block_output, iterate_blocks
+from compress.block_steps import BlockStep, apply_whole_model, group_by_block
+from compress.calibration import block_output
 from compress.config import check
 from compress.io.schemes import QuantizedWeight
 from quantizers import primitives
 from quantizers.awq_search import (activation_scale, fold_scale_into_linear, fold_scale_into_norm,
                                    kv_head_maps, search_clip, search_scale)
-from quantizers.block_capture import block_targets, capture_inputs
+from quantizers.block_capture import capture_inputs
 from quantizers.rtn import int4_quantized_weight
 from quantizers.targets import select_linears
 
@@ -173,23 +172,26 @@ def quantize_weight_awq(weight: torch.Tensor, x: torch.Tensor | None, config: AW
     return int4_quantized_weight(qw, scales, zeros, weight.shape[1], config.group_size, config.symmetric)
 
 
-def apply_awq(state, config: AWQConfig, ctx) -> None:
-    selected = select_linears(state.model, config.targets, config.ignore, ctx.where)
-    per_block = block_targets(state.model, state.arch, selected, "awq", ctx.where)
-    for name, module in selected:      # fail before any calibration work
-        primitives.check_finite(module.weight.data, name)
-        primitives.check_group_size(module.in_features, config.group_size, name)
-    ids = ctx.calibration()
-    arch, prefix = state.arch, state.arch.layers
-    no_clip = {arch.q_proj, arch.k_proj}
-    log: dict = {}
-    blocks = iterate_blocks(state.model, arch, ids, config.batch_size)
-    for index, block, inputs in tqdm(blocks, total=len(state.model.get_submodule(prefix)),
-                                     desc="awq", disable=not ctx.progress):
-        targeted = per_block.get(index)
-        if not targeted:
-            continue
-        _scale_block(block, inputs, arch, state.model.config, targeted, config, log)
+class AWQStep(BlockStep):
+    """Per block: search and fold the scales, search the clip ratios, quantize."""
+    calibrated = True
+
+    def __init__(self, model, arch, config: AWQConfig, ctx):
+        selected = select_linears(model, config.targets, config.ignore, ctx.where)
+        super().__init__(*group_by_block([n for n, _ in selected], arch, "awq", ctx.where, allow_outside=False))
+        for name, module in selected:      # fail before any calibration work
+            primitives.check_group_size(module.in_features, config.group_size, name)
+        self.config, self.arch, self.model_config = config, arch, model.config
+        self.batch_size = config.batch_size
+        self.log: dict = {}
+
+    def block(self, index, block, inputs, record) -> None:
+        config, arch, prefix = self.config, self.arch, self.arch.layers
+        targeted = {rel: block.get_submodule(rel) for rel in self.per_block[index]}
+        for rel, module in targeted.items():
+            primitives.check_finite(module.weight.data, f"{prefix}.{index}.{rel}")
+        no_clip = {arch.q_proj, arch.k_proj}
+        _scale_block(block, inputs, arch, self.model_config, targeted, config, self.log)
         clip_inputs = {}
         if config.clip:
             wanted = {n: m for n, m in targeted.items() if n not in no_clip}
@@ -199,5 +201,11 @@ def apply_awq(state, config: AWQConfig, ctx) -> None:
         for rel, module in targeted.items():
             qw = quantize_weight_awq(module.weight.data, clip_inputs.get(rel), config,
                                      f"{prefix}.{index}.{rel}", rel not in no_clip)
-            state.record_quantized(f"{prefix}.{index}.{rel}", module, qw)
-    ctx.stats.setdefault("awq", {}).update(log)
+            record(f"{prefix}.{index}.{rel}", module, qw)
+
+    def finish(self, stats: dict) -> None:
+        stats.setdefault("awq", {}).update(self.log)
+
+
+def apply_awq(state, config: AWQConfig, ctx) -> None:
+    apply_whole_model(AWQStep(state.model, state.arch, config, ctx), state, ctx)

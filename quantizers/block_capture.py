@@ -12,27 +12,6 @@ import torch
 from torch import nn
 
 from compress.calibration import BlockInputs, run_block
-from compress.config import ConfigError
-
-
-def block_targets(model: nn.Module, arch, selected: list[tuple[str, nn.Linear]], method: str,
-                  where: str) -> dict[int, dict[str, nn.Linear]]:
-    """Group selected linears by decoder block: ``{block index: {relative name: module}}``.
-
-    Calibrated methods see activations one block at a time, so a linear outside the
-    decoder blocks (e.g. ``lm_head``) cannot be calibrated: that is a config error.
-    """
-    prefix = arch.layers + "."
-    out: dict[int, dict[str, nn.Linear]] = {}
-    for name, module in selected:
-        head, _, rest = name.partition(prefix)
-        index, _, rel = rest.partition(".")
-        if head or not name.startswith(prefix) or not index.isdigit():
-            raise ConfigError(f"{method} calibrates linears inside decoder blocks ({arch.layers}.N.*) only; "
-                              f"{name!r} is outside them: add it to 'ignore' or narrow 'targets'",
-                              f"{where}.targets" if where else "targets")
-        out.setdefault(int(index), {})[rel] = module
-    return out
 
 
 def capture_inputs(block: nn.Module, inputs: BlockInputs, modules: dict[str, nn.Module],

@@ -13,12 +13,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
-from tqdm.auto import tqdm
-
-from compress.calibration import iterate_blocks
+from compress.block_steps import BlockStep, apply_whole_model, group_by_block
 from compress.config import check
 from quantizers import primitives
-from quantizers.block_capture import block_targets, capture_inputs
+from quantizers.block_capture import capture_inputs
 from quantizers.outliers import column_absmax, find_outlier_columns, quantize_llm_int8
 from quantizers.targets import select_linears
 
@@ -38,21 +36,21 @@ class LLMInt8Config:
         check(self.batch_size > 0, "batch_size", f"must be > 0, got {self.batch_size}")
 
 
-def apply_llm_int8(state, config: LLMInt8Config, ctx) -> None:
-    """Calibrate outlier columns block by block, then quantize each block's linears."""
-    selected = select_linears(state.model, config.targets, config.ignore, ctx.where)
-    per_block = block_targets(state.model, state.arch, selected, "llm_int8", ctx.where)
-    for name, module in selected:
-        primitives.check_finite(module.weight.data, name)
-    ids = ctx.calibration()
-    prefix = state.arch.layers
-    stats = {"columns": 0, "outlier_columns": 0}
-    blocks = iterate_blocks(state.model, state.arch, ids, config.batch_size)
-    for index, block, inputs in tqdm(blocks, total=len(state.model.get_submodule(prefix)),
-                                     desc="llm_int8", disable=not ctx.progress):
-        linears = per_block.get(index)
-        if not linears:
-            continue
+class LLMInt8Step(BlockStep):
+    """Per block: the input columns' largest magnitudes over the calibration set, then
+    each targeted linear quantized with its outlier columns."""
+    calibrated = True
+
+    def __init__(self, model, arch, config: LLMInt8Config, ctx):
+        names = [n for n, _ in select_linears(model, config.targets, config.ignore, ctx.where)]
+        super().__init__(*group_by_block(names, arch, "llm_int8", ctx.where, allow_outside=False))
+        self.config, self.prefix, self.batch_size = config, arch.layers, config.batch_size
+        self.stats = {"columns": 0, "outlier_columns": 0}
+
+    def block(self, index, block, inputs, record) -> None:
+        linears = {rel: block.get_submodule(rel) for rel in self.per_block[index]}
+        for rel, module in linears.items():
+            primitives.check_finite(module.weight.data, f"{self.prefix}.{index}.{rel}")
         absmax: dict[str, torch.Tensor] = {}
 
         def reduce(name, x):
@@ -60,12 +58,20 @@ def apply_llm_int8(state, config: LLMInt8Config, ctx) -> None:
             absmax[name] = m if name not in absmax else torch.maximum(absmax[name], m)
 
         capture_inputs(block, inputs, linears, reduce=reduce)
+        config = self.config
         for rel, module in linears.items():
             idx = find_outlier_columns(absmax[rel], config.threshold)
             dtype = module.weight.dtype if config.outlier_dtype == "auto" else getattr(torch, config.outlier_dtype)
             qw = quantize_llm_int8(module.weight.data, idx, config.threshold, dtype)
-            state.record_quantized(f"{prefix}.{index}.{rel}", module, qw)
-            stats["columns"] += module.in_features
-            stats["outlier_columns"] += int(idx.numel())
-    ctx.stats.setdefault("llm_int8", {}).update(
-        stats, outlier_fraction=stats["outlier_columns"] / max(1, stats["columns"]))
+            record(f"{self.prefix}.{index}.{rel}", module, qw)
+            self.stats["columns"] += module.in_features
+            self.stats["outlier_columns"] += int(idx.numel())
+
+    def finish(self, stats: dict) -> None:
+        s = self.stats
+        stats.setdefault("llm_int8", {}).update(s, outlier_fraction=s["outlier_columns"] / max(1, s["columns"]))
+
+
+def apply_llm_int8(state, config: LLMInt8Config, ctx) -> None:
+    """Calibrate outlier columns block by block, then quantize each block's linears."""
+    apply_whole_model(LLMInt8Step(state.model, state.arch, config, ctx), state, ctx)

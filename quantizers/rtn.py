@@ -9,8 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
-from tqdm.auto import tqdm
-
+from compress.block_steps import BlockStep, apply_whole_model, group_by_block
 from compress.config import check
 from compress.io.schemes import QuantizedWeight
 from quantizers import primitives
@@ -54,8 +53,20 @@ def int4_quantized_weight(qweight, scales, zeros, in_features: int, group_size: 
     return QuantizedWeight("w4a16", {"qweight": qweight, "scales": scales, "zeros": zeros}, meta)
 
 
+class RTNStep(BlockStep):
+    def __init__(self, model, arch, config: RTNConfig, ctx):
+        names = [n for n, _ in select_linears(model, config.targets, config.ignore, ctx.where)]
+        super().__init__(*group_by_block(names, arch, "rtn", ctx.where, allow_outside=True))
+        self.config, self.prefix = config, arch.layers
+
+    def block(self, index, block, inputs, record) -> None:
+        for rel in self.per_block[index]:
+            self.outside_linear(f"{self.prefix}.{index}.{rel}", block.get_submodule(rel), record)
+
+    def outside_linear(self, name, module, record) -> None:
+        record(name, module, quantize_weight_rtn(module.weight.data, self.config, name))
+
+
 def apply_rtn(state, config: RTNConfig, ctx) -> None:
     """Quantize every targeted linear of ``state.model`` and record it in ``state.quantized``."""
-    layers = select_linears(state.model, config.targets, config.ignore, ctx.where)
-    for name, module in tqdm(layers, desc=f"rtn int{config.bits}", disable=not ctx.progress):
-        state.record_quantized(name, module, quantize_weight_rtn(module.weight.data, config, name))
+    apply_whole_model(RTNStep(state.model, state.arch, config, ctx), state, ctx)

@@ -9,7 +9,9 @@ Layout of ``out_dir``::
     recipe.yaml                        if given
     compress_manifest.json             format + version, per-layer scheme/meta, sha256 + size of every file
 
-Everything is written into ``.<name>.tmp-XXXX`` beside ``out_dir``, fsynced, and renamed
+Tensors are streamed into the shards as they are produced (``CheckpointWriter``;
+``compress/io/safetensors_files.py``), so an export never holds the model's tensors
+twice. Everything is written into ``.<name>.tmp-XXXX`` beside ``out_dir``, fsynced, and renamed
 into place; an existing export at ``out_dir`` is replaced only after the new one is
 complete. An exception anywhere leaves neither a half checkpoint nor the temp dir.
 """
@@ -23,18 +25,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from compress.io.formats import (FORMAT_NAME, FORMAT_VERSION, CheckpointFormatError,
                                  build_quantization_config, encode_quantized)
 from compress.io.schemes import QuantizedWeight
 from compress.errors import UserError
 from compress.io.files import atomic_dir
+from compress.io.safetensors_files import SAFE_INDEX_NAME, SAFE_WEIGHTS_NAME, ShardedWriter
 
 MANIFEST_NAME = "compress_manifest.json"
 RECIPE_NAME = "recipe.yaml"
-SAFE_WEIGHTS_NAME = "model.safetensors"
-SAFE_INDEX_NAME = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "vocab.txt", "merges.txt", "added_tokens.json", "chat_template.jinja",
@@ -78,34 +78,9 @@ def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """The single point where weight files are written (tests monkeypatch it)."""
-    save_file(tensors, str(path), metadata={"format": "pt"})
-
-
-def _dense_linear_modules(dense: dict[str, torch.Tensor]) -> list[str]:
-    """Modules with a 2-D float ``.weight`` that are not embeddings: linears left dense."""
-    out = []
-    for name, t in dense.items():
-        if name.endswith(".weight") and t.dim() == 2 and t.is_floating_point():
-            mod = name[: -len(".weight")]
-            if "embed" not in mod.rsplit(".", 1)[-1]:
-                out.append(mod)
-    return sorted(out)
-
-
-def _shard(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, torch.Tensor]]:
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for name in sorted(tensors):
-        t = tensors[name]
-        nb = t.numel() * t.element_size()
-        if shards[-1] and size + nb > max_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][name] = t
-        size += nb
-    return shards
+def _write_tensor(writer: ShardedWriter, name: str, t: torch.Tensor) -> None:
+    """The single point where weight data is written (tests monkeypatch it)."""
+    writer.add(name, t)
 
 
 def tokenizer_files(src: Path) -> list[Path]:
@@ -168,71 +143,89 @@ def _prepare_target(out_dir: Path) -> None:
                           "(not a compress export)")
 
 
-def export_checkpoint(out_dir: str | os.PathLike, model_config: Any,
-                      state_dict_dense: dict[str, torch.Tensor],
-                      quantized: dict[str, QuantizedWeight] | None = None,
-                      tokenizer: Any = None, recipe_text: str | None = None,
-                      extra_manifest: dict | None = None, dense_dtype: torch.dtype | None = None,
-                      generation_config: Any = None,
-                      max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Path:
-    """Write a checkpoint to ``out_dir`` atomically; returns its path.
+class CheckpointWriter:
+    """An export written as it is produced: ``add_dense`` / ``add_quantized`` stream each
+    tensor into the shards of a temporary directory beside ``out_dir``; ``finish`` writes
+    config, tokenizer, recipe and manifest, and the directory replaces ``out_dir`` when
+    the ``with`` block ends without an error (on an error nothing is left)::
 
-    ``state_dict_dense``: every tensor that is not a quantized linear's weight (embeddings,
-    norms, dense linears, biases of quantized linears, lm_head), cast to ``dense_dtype`` if
-    given (floating tensors only). ``quantized``: module path -> QuantizedWeight. ``tokenizer``:
-    an object with ``save_pretrained`` or a directory to copy tokenizer files from.
-    ``generation_config``: a GenerationConfig, a dict, or None.
+        with CheckpointWriter(out_dir, dense_dtype=torch.bfloat16) as w:
+            w.add_dense("model.norm.weight", t)
+            w.add_quantized("model.layers.0.mlp.up_proj", qw)
+            w.finish(model_config, tokenizer=src_dir)
     """
-    dtype = dense_dtype
-    out_dir = Path(out_dir).absolute()
-    quantized = dict(quantized or {})
-    _check_inputs(state_dict_dense, quantized)
-    _prepare_target(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
 
-    tensors: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
-    for name, t in state_dict_dense.items():
-        t = t.detach().cpu()
-        if dtype is not None and t.is_floating_point():
-            t = t.to(dtype)
-        t = t.contiguous()
-        if t.numel() and t.data_ptr() in seen:  # tied weights: safetensors refuses shared storage
-            t = t.clone()
-        seen.add(t.data_ptr())
-        tensors[name] = t
-    layers = {}
-    for mod in sorted(quantized):
-        qw = quantized[mod]
+    def __init__(self, out_dir: str | os.PathLike, dense_dtype: torch.dtype | None = None,
+                 max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES):
+        self.out_dir = Path(out_dir).absolute()
+        self.dtype, self.max_shard_bytes = dense_dtype, max_shard_bytes
+        self.layers: dict[str, dict] = {}
+        self.quantized: dict[str, QuantizedWeight] = {}     # tensors dropped: scheme + meta + zeros only
+        self.dense_linears: list[str] = []
+        self.finished = False
+
+    def __enter__(self) -> "CheckpointWriter":
+        _prepare_target(self.out_dir)
+        self._atomic = atomic_dir(self.out_dir)
+        self.tmp = self._atomic.__enter__()
+        self.writer = ShardedWriter(self.tmp, self.max_shard_bytes)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.writer.abort()
+        if exc_type is None and not self.finished:
+            exc_type = ExportError
+            exc = ExportError(f"{self.out_dir}: export ended before finish()")
+        if exc_type is not None:
+            self._atomic.__exit__(exc_type, exc, tb)
+            return False
+        return self._atomic.__exit__(None, None, None)
+
+    def _write(self, name: str, t: torch.Tensor) -> None:
+        if name in self.writer.names:
+            raise ExportError(f"tensor name clash: '{name}' is written twice")
+        _write_tensor(self.writer, name, t)
+
+    def add_dense(self, name: str, t: torch.Tensor) -> None:
+        """A tensor that is not a quantized linear's weight (embeddings, norms, dense
+        linears, biases, lm_head), cast to the dense dtype when it is a float."""
+        if not isinstance(t, torch.Tensor):
+            raise ExportError(f"dense entry '{name}' is {type(t).__name__}, not a tensor")
+        mod = name.removesuffix(".weight")
+        if mod in self.quantized:
+            raise ExportError(f"'{mod}' is both quantized and present as dense tensor '{name}'")
+        if self.dtype is not None and t.is_floating_point():
+            t = t.to(self.dtype)
+        self._write(name, t)
+        if _is_dense_linear(name, t):
+            self.dense_linears.append(mod)
+
+    def add_quantized(self, module: str, qw: QuantizedWeight) -> None:
+        if not isinstance(qw, QuantizedWeight):
+            raise ExportError(f"quantized entry '{module}' is {type(qw).__name__}, not a QuantizedWeight")
+        if f"{module}.weight" in self.writer.names:
+            raise ExportError(f"'{module}' is both quantized and present as dense tensor '{module}.weight'")
         try:
-            enc = encode_quantized(mod, qw)
+            enc = encode_quantized(module, qw)
         except KeyError as e:
-            raise ExportError(f"'{mod}' ({qw.scheme}) lacks tensor {e}") from None
+            raise ExportError(f"'{module}' ({qw.scheme}) lacks tensor {e}") from None
         except CheckpointFormatError as e:
             raise ExportError(str(e)) from None
         for k, v in enc.items():
-            if k in tensors:
-                raise ExportError(f"tensor name clash: '{k}' is written by '{mod}' and by the dense state dict")
-            tensors[k] = v.detach().cpu().contiguous()
-        layers[mod] = {"scheme": qw.scheme, "meta": _jsonable(qw.meta),
-                       "tensors": sorted(k[len(mod) + 1:] for k in enc)}
+            if k in self.writer.names:
+                raise ExportError(f"tensor name clash: '{k}' is written by '{module}' and by the dense state dict")
+            self._write(k, v)
+        self.layers[module] = {"scheme": qw.scheme, "meta": _jsonable(qw.meta),
+                               "tensors": sorted(k[len(module) + 1:] for k in enc)}
+        # what the quantization_config needs of a layer (its scheme, meta, int4 zero points)
+        self.quantized[module] = QuantizedWeight(
+            qw.scheme, {"zeros": qw.tensors["zeros"]} if "zeros" in qw.tensors else {}, dict(qw.meta))
 
-    quant_config = build_quantization_config(quantized, _dense_linear_modules(state_dict_dense))
-
-    with atomic_dir(out_dir) as tmp:
-        shards = _shard(tensors, max_shard_bytes)
-        if len(shards) == 1:
-            _write_safetensors(shards[0], tmp / SAFE_WEIGHTS_NAME)
-        else:
-            n = len(shards)
-            weight_map, total = {}, 0
-            for i, shard in enumerate(shards, 1):
-                fname = f"model-{i:05d}-of-{n:05d}.safetensors"
-                _write_safetensors(shard, tmp / fname)
-                for k, v in shard.items():
-                    weight_map[k] = fname
-                    total += v.numel() * v.element_size()
-            _write_json(tmp / SAFE_INDEX_NAME, {"metadata": {"total_size": total}, "weight_map": weight_map})
+    def finish(self, model_config: Any, tokenizer: Any = None, recipe_text: str | None = None,
+               extra_manifest: dict | None = None, generation_config: Any = None) -> None:
+        tmp, dtype = self.tmp, self.dtype
+        self.writer.finish()
+        quant_config = build_quantization_config(self.quantized, sorted(self.dense_linears))
         _write_json(tmp / "config.json", _config_dict(model_config, quant_config, dtype))
         if generation_config is not None:
             gc = generation_config if isinstance(generation_config, dict) else generation_config.to_dict()
@@ -251,11 +244,43 @@ def export_checkpoint(out_dir: str | os.PathLike, model_config: Any,
             "tool": "compress", "tool_version": tool_version(),
             "dense_dtype": None if dtype is None else str(dtype).replace("torch.", ""),
             "quant_method": None if quant_config is None else quant_config["quant_method"],
-            "layers": layers, "files": files, "extra": _jsonable(extra_manifest or {}),
+            "layers": dict(sorted(self.layers.items())), "files": files, "extra": _jsonable(extra_manifest or {}),
         }
         _write_json(tmp / MANIFEST_NAME, manifest)
         _fsync_file(tmp / MANIFEST_NAME)
-    return out_dir
+        self.finished = True
+
+
+def _is_dense_linear(name: str, t: torch.Tensor) -> bool:
+    """A 2-D float ``.weight`` that is not an embedding: a linear left dense."""
+    return (name.endswith(".weight") and t.dim() == 2 and t.is_floating_point()
+            and "embed" not in name[: -len(".weight")].rsplit(".", 1)[-1])
+
+
+def export_checkpoint(out_dir: str | os.PathLike, model_config: Any,
+                      state_dict_dense: dict[str, torch.Tensor],
+                      quantized: dict[str, QuantizedWeight] | None = None,
+                      tokenizer: Any = None, recipe_text: str | None = None,
+                      extra_manifest: dict | None = None, dense_dtype: torch.dtype | None = None,
+                      generation_config: Any = None,
+                      max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Path:
+    """Write a checkpoint held in memory to ``out_dir`` atomically; returns its path.
+
+    ``state_dict_dense``: every tensor that is not a quantized linear's weight (embeddings,
+    norms, dense linears, biases of quantized linears, lm_head), cast to ``dense_dtype`` if
+    given (floating tensors only). ``quantized``: module path -> QuantizedWeight. ``tokenizer``:
+    an object with ``save_pretrained`` or a directory to copy tokenizer files from.
+    ``generation_config``: a GenerationConfig, a dict, or None.
+    """
+    quantized = dict(quantized or {})
+    _check_inputs(state_dict_dense, quantized)
+    with CheckpointWriter(out_dir, dense_dtype, max_shard_bytes) as w:
+        for name in sorted(state_dict_dense):
+            w.add_dense(name, state_dict_dense[name])
+        for mod in sorted(quantized):
+            w.add_quantized(mod, quantized[mod])
+        w.finish(model_config, tokenizer, recipe_text, extra_manifest, generation_config)
+    return w.out_dir
 
 
 def _jsonable(obj: Any) -> Any:

@@ -60,10 +60,14 @@ def test_sharded_export_roundtrip(tmp_path, tiny_llama):
 def test_interrupted_export_leaves_nothing(tmp_path, tiny_llama, monkeypatch):
     cfg, sd = tiny_llama
 
-    def boom(tensors, path):
-        path.write_bytes(b"partial")
-        raise OSError("disk full (simulated)")
-    monkeypatch.setattr(export_mod, "_write_safetensors", boom)
+    calls = []
+
+    def boom(writer, name, t):
+        calls.append(name)
+        if len(calls) == 3:                        # some tensors are on disk by now
+            raise OSError("disk full (simulated)")
+        writer.add(name, t)
+    monkeypatch.setattr(export_mod, "_write_tensor", boom)
     with pytest.raises(OSError, match="simulated"):
         export_checkpoint(tmp_path / "x", cfg, sd, {}, recipe_text="r")
     assert not (tmp_path / "x").exists()
