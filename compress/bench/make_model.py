@@ -1,12 +1,22 @@
 """``compress bench make-model``: the end-to-end benchmark model. A random-init Llama
 (by default hidden 1024, 24 layers, intermediate 2816, 16 heads, 8 kv heads, vocab
-32000: ~345M parameters), saved as a plain HF directory plus its RTN int4 (group 128)
-and int8 exports, the lm_head in int8 in both unless ``--lm-head dense`` (llama.cpp's
-Q4_0 and Q8_0 files keep ``output.weight`` in Q6_K and Q8_0, and a dense fp32 head
-would read 131 MB per token)::
+32000: ~345M parameters; ``--preset llama-2-7b`` for Llama-2-7B's shape), saved as a
+plain HF directory plus its RTN int4 (group 128) and int8 exports, the lm_head in int8
+in both unless ``--lm-head dense`` (llama.cpp's Q4_0 and Q8_0 files keep
+``output.weight`` in Q6_K and Q8_0, and a dense fp32 head would read 131 MB per token)::
 
     compress bench make-model --out out/bench-llama
     -> out/bench-llama/hf, out/bench-llama/rtn-int4, out/bench-llama/rtn-int8
+    compress bench make-model --preset llama-2-7b --dtype bfloat16 --exports none --out /data/bench7b
+    -> /data/bench7b/hf (13.5 GB in 3 shards of at most 5 GB)
+
+The HF directory is written tensor by tensor, so memory stays at about one tensor
+whatever the model's size: the model is built on the meta device only for its tensors'
+names and shapes; each tensor is drawn from its own generator (seeded by ``--seed`` and
+its name; Linear and Embedding weights ~ N(0, 0.02) as transformers initialises them,
+RMSNorm weights 1), cast to ``--dtype`` and streamed into safetensors shards named and
+indexed as Hugging Face names them (one shard: ``model.safetensors``, no index). The
+exports read the written shards back one tensor at a time.
 
 The tokenizer is the embedded model's (models/pydoc-llama), plus a small SentencePiece
 model (``tokenizer.model``, trained on this package's sources) because llama.cpp's
@@ -14,7 +24,13 @@ converter does not recognise the embedded BPE pre-tokenizer; the benchmark feeds
 ids and ignores EOS, so neither tokenizer changes the figures."""
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 import shutil
+import struct
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,11 +42,204 @@ PACKAGE = Path(__file__).resolve().parents[1]
 EMBEDDED_MODEL = PACKAGE.parent / "models" / "pydoc-llama"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
+SHAPE_KEYS = ("hidden", "layers", "intermediate", "heads", "kv_heads", "vocab", "max_positions")
+DEFAULT_SHAPE = dict(hidden=1024, layers=24, intermediate=2816, heads=16, kv_heads=8, vocab=32000, max_positions=2048)
+PRESETS = {  # --preset -> shape (options given beside it override single values)
+    "llama-2-7b": dict(hidden=4096, layers=32, intermediate=11008, heads=32, kv_heads=32, vocab=32000,
+                       max_positions=4096),
+}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+EXPORTS = {"both": ("rtn-int4", "rtn-int8"), "int4": ("rtn-int4",), "int8": ("rtn-int8",), "none": ()}
+DEFAULT_MAX_SHARD_SIZE = "5GB"  # as Hugging Face's Llama checkpoints are cut
+SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+              "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+SAFE_WEIGHTS_NAME = "model.safetensors"
+SAFE_INDEX_NAME = "model.safetensors.index.json"
+
 
 class MakeModelError(UserError):
     """A setting of ``compress bench make-model`` that cannot work (names the option or path)."""
 
 
+# ---------------------------------------------------------------- settings
+def parse_size(text: str | int) -> int:
+    """Bytes from ``5000000``, ``'5GB'`` (10**9) or ``'4GiB'`` (2**30)."""
+    if isinstance(text, int):
+        size = text
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]I?B|B)?\s*", str(text), re.IGNORECASE)
+        if not m:
+            raise MakeModelError(f"--max-shard-size {text!r}: not a size (bytes, or e.g. '5GB', '500MiB')")
+        size = int(float(m.group(1)) * SIZE_UNITS[(m.group(2) or "").upper()])
+    if size <= 0:
+        raise MakeModelError(f"--max-shard-size {text!r}: must be more than 0 bytes")
+    return size
+
+
+def resolve_shape(preset: str | None = None, **given: int | None) -> dict[str, int]:
+    """The model's shape: the default, or ``preset``'s, with every value in ``given``
+    that is not None put over it."""
+    if preset is not None and preset not in PRESETS:
+        raise MakeModelError(f"--preset {preset!r}: unknown; choose one of {sorted(PRESETS)}")
+    unknown = sorted(set(given) - set(SHAPE_KEYS))
+    if unknown:
+        raise MakeModelError(f"unknown shape settings {unknown}; the shape is {list(SHAPE_KEYS)}")
+    shape = dict(PRESETS[preset] if preset else DEFAULT_SHAPE)
+    shape.update({k: v for k, v in given.items() if v is not None})
+    return shape
+
+
+def bench_config(shape: dict[str, int], dtype: torch.dtype):
+    """The LlamaConfig of the benchmark model (untied head, BOS 1 / EOS 2, ``dtype`` as
+    the stored dtype)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(hidden_size=shape["hidden"], num_hidden_layers=shape["layers"],
+                       intermediate_size=shape["intermediate"], num_attention_heads=shape["heads"],
+                       num_key_value_heads=shape["kv_heads"], vocab_size=shape["vocab"],
+                       max_position_embeddings=shape["max_positions"], tie_word_embeddings=False, bos_token_id=1,
+                       eos_token_id=2, dtype=dtype, architectures=["LlamaForCausalLM"])
+
+
+# ---------------------------------------------------------------- the tensors
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor of the model: its state-dict name, shape, how it is initialised
+    (``normal``: N(0, initializer_range); ``ones``) and whether the exports quantize it
+    (the Linear layers of the decoder blocks)."""
+    name: str
+    shape: tuple[int, ...]
+    init: str
+    quantized: bool = False
+
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def tensor_specs(cfg) -> list[TensorSpec]:
+    """The tensors of ``LlamaForCausalLM(cfg)`` in state-dict order, read from a model
+    built on the meta device (no memory for the weights)."""
+    from transformers import LlamaForCausalLM
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    owner = {}
+    for mod_name, mod in model.named_modules():
+        for p_name, _ in mod.named_parameters(recurse=False):
+            owner[f"{mod_name}.{p_name}" if mod_name else p_name] = (mod_name, mod)
+    specs = []
+    for name, t in model.state_dict().items():
+        mod_name, mod = owner[name]
+        if isinstance(mod, (torch.nn.Linear, torch.nn.Embedding)) and name.endswith(".weight"):
+            init = "normal"
+        elif type(mod).__name__.endswith("RMSNorm") and name.endswith(".weight"):
+            init = "ones"
+        else:
+            raise MakeModelError(f"tensor {name} ({type(mod).__name__}): no initialisation rule for it")
+        quantized = isinstance(mod, torch.nn.Linear) and ".layers." in mod_name
+        specs.append(TensorSpec(name, tuple(t.shape), init, quantized))
+    return specs
+
+
+def tensor_seed(seed: int, name: str) -> int:
+    """The generator seed of tensor ``name``: the same for a seed whatever the dtype,
+    the sharding or which other tensors are written."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little") >> 1
+
+
+def initial_tensor(spec: TensorSpec, std: float, seed: int, dtype: torch.dtype) -> torch.Tensor:
+    """One tensor's random-init value, drawn in float32 and cast to ``dtype``."""
+    if spec.init == "ones":
+        return torch.ones(spec.shape, dtype=dtype)
+    g = torch.Generator().manual_seed(tensor_seed(seed, spec.name))
+    return torch.empty(spec.shape, dtype=torch.float32).normal_(0.0, std, generator=g).to(dtype)
+
+
+# ---------------------------------------------------------------- safetensors shards
+def plan_shards(specs: list[TensorSpec], itemsize: int, max_bytes: int) -> list[list[TensorSpec]]:
+    """Consecutive groups of tensors of at most ``max_bytes`` each (a larger tensor alone
+    in its own), in order, as Hugging Face cuts its checkpoints."""
+    shards: list[list[TensorSpec]] = [[]]
+    size = 0
+    for spec in specs:
+        nbytes = spec.numel() * itemsize
+        if shards[-1] and size + nbytes > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(spec)
+        size += nbytes
+    return shards
+
+
+def shard_names(n: int) -> list[str]:
+    return [SAFE_WEIGHTS_NAME] if n == 1 else [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+
+
+def safetensors_header(specs: list[TensorSpec], dtype: torch.dtype) -> bytes:
+    """The length-prefixed JSON header of a safetensors file holding ``specs`` in this
+    order, back to back; padded with spaces to 8 bytes as safetensors pads it."""
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    for spec in specs:
+        end = offset + spec.numel() * itemsize
+        header[spec.name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(spec.shape),
+                             "data_offsets": [offset, end]}
+        offset = end
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text
+
+
+def write_shard(path: Path, specs: list[TensorSpec], dtype: torch.dtype, tensor_of) -> None:
+    """A safetensors file of ``specs``, each tensor made by ``tensor_of(spec)`` only when
+    its turn comes and written at once (memory: one tensor)."""
+    if sys.byteorder != "little":  # pragma: no cover - safetensors stores little-endian
+        raise MakeModelError("writing safetensors needs a little-endian machine")
+    with open(path, "wb") as f:
+        f.write(safetensors_header(specs, dtype))
+        for spec in specs:
+            t = tensor_of(spec)
+            if tuple(t.shape) != spec.shape or t.dtype != dtype:
+                raise MakeModelError(f"tensor {spec.name}: made {tuple(t.shape)} {t.dtype}, "
+                                     f"expected {spec.shape} {dtype}")
+            f.write(t.contiguous().reshape(-1).view(torch.uint8).numpy().data)
+
+
+def write_weights(dest: Path, specs: list[TensorSpec], dtype: torch.dtype, std: float, seed: int,
+                  max_shard_bytes: int) -> list[str]:
+    """The model's random-init weights in ``dest`` as Hugging Face shards (and their
+    index when there are several); returns the shard file names."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    shards = plan_shards(specs, itemsize, max_shard_bytes)
+    names = shard_names(len(shards))
+    for fname, shard in zip(names, shards):
+        write_shard(dest / fname, shard, dtype, lambda spec: initial_tensor(spec, std, seed, dtype))
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(s.numel() for s in specs) * itemsize},
+                 "weight_map": {s.name: fname for fname, shard in zip(names, shards) for s in shard}}
+        (dest / SAFE_INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+    return names
+
+
+def read_weights(hf: Path):
+    """(name, tensor) of every tensor in ``hf``'s safetensors shards, read one at a time."""
+    from safetensors import safe_open
+
+    index = hf / SAFE_INDEX_NAME
+    files = [SAFE_WEIGHTS_NAME]
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    for fname in files:
+        with safe_open(str(hf / fname), framework="pt") as st:
+            for name in st.keys():
+                yield name, st.get_tensor(name)
+
+
+# ---------------------------------------------------------------- the directories
 def train_sentencepiece(out_dir: Path, log=print) -> bool:
     """``out_dir/tokenizer.model``: a 1000-piece BPE SentencePiece model trained on this
     package's sources; False (and a note) where sentencepiece is not installed."""
@@ -48,14 +257,14 @@ def train_sentencepiece(out_dir: Path, log=print) -> bool:
     return True
 
 
-def _save_hf_dir(model, hf: Path, tokenizer_from: Path | None, sentencepiece: bool, log) -> None:
-    """The dense model and its tokenizer files in ``hf``, written beside it and renamed
-    into place (an older ``hf`` is replaced)."""
+def _save_hf_dir(write_model, hf: Path, tokenizer_from: Path | None, sentencepiece: bool, log) -> None:
+    """``write_model(tmp)`` (config, weights) and the tokenizer files in ``hf``, written
+    beside it and renamed into place (an older ``hf`` is replaced)."""
     if hf.exists() and (not hf.is_dir() or (any(hf.iterdir()) and not (hf / "config.json").is_file())):
         raise MakeModelError(f"refusing to replace {hf}: it exists and holds no config.json (not a model "
                              "this command wrote)")
     with atomic_dir(hf) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
+        write_model(tmp)
         for name in TOKENIZER_FILES if tokenizer_from is not None else ():
             if (tokenizer_from / name).exists():
                 shutil.copy(tokenizer_from / name, tmp / name)
@@ -63,39 +272,66 @@ def _save_hf_dir(model, hf: Path, tokenizer_from: Path | None, sentencepiece: bo
             train_sentencepiece(tmp, log)
 
 
-def make_bench_model(out: Path, *, hidden: int = 1024, layers: int = 24, intermediate: int = 2816,
-                     heads: int = 16, kv_heads: int = 8, vocab: int = 32000, max_positions: int = 2048,
-                     group_size: int | str = 128, lm_head: str = "int8", tokenizer_from: Path | str | None = EMBEDDED_MODEL,
-                     sentencepiece: bool = True, seed: int = 0, log=print) -> dict[str, Path]:
-    """Writes ``out/hf`` (dense), ``out/rtn-int4`` and ``out/rtn-int8``; returns them by name."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+def _write_export(out: Path, hf: Path, cfg, specs: list[TensorSpec], bits: int, group_size: int | str,
+                  lm_head: str, tokenizer: str | None) -> Path:
+    """The RTN export of the model in ``hf``: its decoder Linear weights in ``bits``
+    (int4 with ``group_size``), the lm_head in int8 when ``lm_head == 'int8'``, every
+    other tensor as stored."""
     from compress.io.export import export_checkpoint
     from quantizers.rtn import RTNConfig, quantize_weight_rtn
+
+    rtn = RTNConfig(bits=4, group_size=group_size) if bits == 4 else RTNConfig(bits=8)
+    quantized_names = {s.name for s in specs if s.quantized}
+    if lm_head == "int8":
+        quantized_names.add("lm_head.weight")
+    dense, quantized = {}, {}
+    for name, t in read_weights(hf):
+        if name not in quantized_names:
+            dense[name] = t
+            continue
+        mod = name.removesuffix(".weight")
+        quantized[mod] = quantize_weight_rtn(t.float(), rtn if mod != "lm_head" else RTNConfig(bits=8), mod)
+    return export_checkpoint(out, cfg, dense, quantized, tokenizer=tokenizer)
+
+
+def make_bench_model(out: Path, *, hidden: int = 1024, layers: int = 24, intermediate: int = 2816,
+                     heads: int = 16, kv_heads: int = 8, vocab: int = 32000, max_positions: int = 2048,
+                     dtype: str = "float32", max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+                     exports: str = "both", group_size: int | str = 128, lm_head: str = "int8",
+                     tokenizer_from: Path | str | None = EMBEDDED_MODEL, sentencepiece: bool = True, seed: int = 0,
+                     log=print) -> dict[str, Path]:
+    """Writes ``out/hf`` (dense, in ``dtype``) and the ``exports`` (``both``:
+    ``out/rtn-int4`` and ``out/rtn-int8``; ``int4``, ``int8``, ``none``); returns them by
+    name."""
+    from transformers import GenerationConfig
 
     out = Path(out)
     if tokenizer_from is not None and not Path(tokenizer_from).is_dir():
         raise MakeModelError(f"--tokenizer-from {tokenizer_from}: no such directory ('none' for no tokenizer files)")
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, intermediate_size=intermediate,
-                      num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab,
-                      max_position_embeddings=max_positions, tie_word_embeddings=False, bos_token_id=1,
-                      eos_token_id=2)
-    model = LlamaForCausalLM(cfg).eval()
+    if dtype not in DTYPES:
+        raise MakeModelError(f"--dtype {dtype!r}: choose one of {sorted(DTYPES)}")
+    if exports not in EXPORTS:
+        raise MakeModelError(f"--exports {exports!r}: choose one of {sorted(EXPORTS)}")
+    max_shard_bytes = parse_size(max_shard_size)
+    shape = resolve_shape(hidden=hidden, layers=layers, intermediate=intermediate, heads=heads, kv_heads=kv_heads,
+                          vocab=vocab, max_positions=max_positions)
+    cfg = bench_config(shape, DTYPES[dtype])
+    specs = tensor_specs(cfg)
+    shards = []
+
+    def write_model(tmp: Path) -> None:
+        cfg.save_pretrained(tmp)
+        GenerationConfig.from_model_config(cfg).save_pretrained(tmp)
+        shards.extend(write_weights(tmp, specs, DTYPES[dtype], cfg.initializer_range, seed, max_shard_bytes))
+
     paths = {"hf": out / "hf"}
-    _save_hf_dir(model, paths["hf"], None if tokenizer_from is None else Path(tokenizer_from), sentencepiece, log)
-    log(f"wrote {paths['hf']} ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters)")
+    _save_hf_dir(write_model, paths["hf"], None if tokenizer_from is None else Path(tokenizer_from), sentencepiece, log)
+    log(f"wrote {paths['hf']} ({sum(s.numel() for s in specs) / 1e6:.0f}M parameters, {dtype}, "
+        f"{len(shards)} shard{'s' if len(shards) > 1 else ''})")
     has_tokenizer = any((paths["hf"] / f).exists() for f in (*TOKENIZER_FILES, "tokenizer.model"))
-    sd = model.state_dict()
-    for name, rtn in (("rtn-int4", RTNConfig(bits=4, group_size=group_size)), ("rtn-int8", RTNConfig(bits=8))):
-        quantized = {}
-        for mod_name, mod in model.named_modules():
-            if isinstance(mod, torch.nn.Linear) and ".layers." in mod_name:
-                quantized[mod_name] = quantize_weight_rtn(mod.weight.data, rtn, mod_name)
-        if lm_head == "int8":
-            quantized["lm_head"] = quantize_weight_rtn(model.lm_head.weight.data, RTNConfig(bits=8), "lm_head")
-        dense = {k: v for k, v in sd.items() if k.removesuffix(".weight") not in quantized}
-        paths[name] = export_checkpoint(out / name, cfg, dense, quantized, tokenizer=str(paths["hf"]) if has_tokenizer else None)
+    for name in EXPORTS[exports]:
+        paths[name] = _write_export(out / name, paths["hf"], cfg, specs, 4 if name == "rtn-int4" else 8, group_size,
+                                    lm_head, str(paths["hf"]) if has_tokenizer else None)
         log(f"wrote {paths[name]}")
     return paths
 
@@ -106,22 +342,29 @@ def _group_size(text: str) -> int | str:
 
 def main(args) -> int:
     tokenizer_from = None if args.tokenizer_from == "none" else Path(args.tokenizer_from)
-    make_bench_model(Path(args.out), hidden=args.hidden, layers=args.layers, intermediate=args.intermediate,
-                     heads=args.heads, kv_heads=args.kv_heads, vocab=args.vocab, max_positions=args.max_positions,
-                     group_size=args.group_size, lm_head=args.lm_head, tokenizer_from=tokenizer_from,
-                     sentencepiece=not args.no_sentencepiece, seed=args.seed)
+    shape = resolve_shape(args.preset, **{k: getattr(args, k) for k in SHAPE_KEYS})
+    make_bench_model(Path(args.out), **shape, dtype=args.dtype, max_shard_size=args.max_shard_size,
+                     exports=args.exports, group_size=args.group_size, lm_head=args.lm_head,
+                     tokenizer_from=tokenizer_from, sentencepiece=not args.no_sentencepiece, seed=args.seed)
     return 0
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--out", default="out/bench-llama", help="writes OUT/hf, OUT/rtn-int4 and OUT/rtn-int8")
-    p.add_argument("--hidden", type=int, default=1024)
-    p.add_argument("--layers", type=int, default=24)
-    p.add_argument("--intermediate", type=int, default=2816)
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--vocab", type=int, default=32000)
-    p.add_argument("--max-positions", type=int, default=2048)
+    p.add_argument("--out", default="out/bench-llama",
+                   help="writes OUT/hf and the exports (OUT/rtn-int4, OUT/rtn-int8)")
+    p.add_argument("--preset", choices=sorted(PRESETS),
+                   help="a known model's shape (llama-2-7b: hidden 4096, 32 layers, intermediate 11008, 32 heads, "
+                        "32 kv heads, vocab 32000, 4096 positions); the shape options below override single values")
+    for key in SHAPE_KEYS:
+        p.add_argument(f"--{key.replace('_', '-')}", type=int, default=None,
+                       help=f"default {DEFAULT_SHAPE[key]} (or the preset's)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="dtype of the HF directory's weights")
+    p.add_argument("--max-shard-size", default=DEFAULT_MAX_SHARD_SIZE,
+                   help="largest safetensors shard of the HF directory: bytes, or e.g. '5GB', '2GiB' (default "
+                        f"{DEFAULT_MAX_SHARD_SIZE}; one shard is named model.safetensors, several get an index)")
+    p.add_argument("--exports", choices=sorted(EXPORTS), default="both",
+                   help="RTN exports to write beside the HF directory: both (rtn-int4 and rtn-int8), int4, int8 "
+                        "or none")
     p.add_argument("--group-size", type=_group_size, default=128,
                    help="int4 group size of the rtn-int4 export (or 'channel': one scale per row)")
     p.add_argument("--tokenizer-from", default=str(EMBEDDED_MODEL),
@@ -130,5 +373,5 @@ def add_arguments(p) -> None:
                    help="no tokenizer.model (llama.cpp's converter needs it; the compress runtime does not)")
     p.add_argument("--lm-head", choices=["int8", "dense"], default="int8",
                    help="lm_head in the quantized exports: int8 (as llama.cpp's Q4_0/Q8_0 files keep "
-                        "output.weight in 6/8 bits; the default) or the dense fp32 weight")
+                        "output.weight in 6/8 bits; the default) or the dense weight as stored")
     p.add_argument("--seed", type=int, default=0)
