@@ -25,11 +25,8 @@ ids and ignores EOS, so neither tokenizer changes the figures."""
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import shutil
-import struct
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +34,7 @@ import torch
 
 from compress.errors import UserError
 from compress.io.files import atomic_dir
+from compress.io.safetensors_files import ShardedWriter, TensorStore
 
 PACKAGE = Path(__file__).resolve().parents[1]
 EMBEDDED_MODEL = PACKAGE.parent / "models" / "pydoc-llama"
@@ -49,13 +47,10 @@ PRESETS = {  # --preset -> shape (options given beside it override single values
                        max_positions=4096),
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 EXPORTS = {"both": ("rtn-int4", "rtn-int8"), "int4": ("rtn-int4",), "int8": ("rtn-int8",), "none": ()}
 DEFAULT_MAX_SHARD_SIZE = "5GB"  # as Hugging Face's Llama checkpoints are cut
 SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-SAFE_WEIGHTS_NAME = "model.safetensors"
-SAFE_INDEX_NAME = "model.safetensors.index.json"
 
 
 class MakeModelError(UserError):
@@ -159,84 +154,19 @@ def initial_tensor(spec: TensorSpec, std: float, seed: int, dtype: torch.dtype) 
     return torch.empty(spec.shape, dtype=torch.float32).normal_(0.0, std, generator=g).to(dtype)
 
 
-# ---------------------------------------------------------------- safetensors shards
-def plan_shards(specs: list[TensorSpec], itemsize: int, max_bytes: int) -> list[list[TensorSpec]]:
-    """Consecutive groups of tensors of at most ``max_bytes`` each (a larger tensor alone
-    in its own), in order, as Hugging Face cuts its checkpoints."""
-    shards: list[list[TensorSpec]] = [[]]
-    size = 0
-    for spec in specs:
-        nbytes = spec.numel() * itemsize
-        if shards[-1] and size + nbytes > max_bytes:
-            shards.append([])
-            size = 0
-        shards[-1].append(spec)
-        size += nbytes
-    return shards
-
-
-def shard_names(n: int) -> list[str]:
-    return [SAFE_WEIGHTS_NAME] if n == 1 else [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
-
-
-def safetensors_header(specs: list[TensorSpec], dtype: torch.dtype) -> bytes:
-    """The length-prefixed JSON header of a safetensors file holding ``specs`` in this
-    order, back to back; padded with spaces to 8 bytes as safetensors pads it."""
-    header, offset = {"__metadata__": {"format": "pt"}}, 0
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    for spec in specs:
-        end = offset + spec.numel() * itemsize
-        header[spec.name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(spec.shape),
-                             "data_offsets": [offset, end]}
-        offset = end
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    return struct.pack("<Q", len(text)) + text
-
-
-def write_shard(path: Path, specs: list[TensorSpec], dtype: torch.dtype, tensor_of) -> None:
-    """A safetensors file of ``specs``, each tensor made by ``tensor_of(spec)`` only when
-    its turn comes and written at once (memory: one tensor)."""
-    if sys.byteorder != "little":  # pragma: no cover - safetensors stores little-endian
-        raise MakeModelError("writing safetensors needs a little-endian machine")
-    with open(path, "wb") as f:
-        f.write(safetensors_header(specs, dtype))
-        for spec in specs:
-            t = tensor_of(spec)
-            if tuple(t.shape) != spec.shape or t.dtype != dtype:
-                raise MakeModelError(f"tensor {spec.name}: made {tuple(t.shape)} {t.dtype}, "
-                                     f"expected {spec.shape} {dtype}")
-            f.write(t.contiguous().reshape(-1).view(torch.uint8).numpy().data)
-
-
+# ---------------------------------------------------------------- the weights
 def write_weights(dest: Path, specs: list[TensorSpec], dtype: torch.dtype, std: float, seed: int,
                   max_shard_bytes: int) -> list[str]:
     """The model's random-init weights in ``dest`` as Hugging Face shards (and their
-    index when there are several); returns the shard file names."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    shards = plan_shards(specs, itemsize, max_shard_bytes)
-    names = shard_names(len(shards))
-    for fname, shard in zip(names, shards):
-        write_shard(dest / fname, shard, dtype, lambda spec: initial_tensor(spec, std, seed, dtype))
-    if len(shards) > 1:
-        index = {"metadata": {"total_size": sum(s.numel() for s in specs) * itemsize},
-                 "weight_map": {s.name: fname for fname, shard in zip(names, shards) for s in shard}}
-        (dest / SAFE_INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
-    return names
-
-
-def read_weights(hf: Path):
-    """(name, tensor) of every tensor in ``hf``'s safetensors shards, read one at a time."""
-    from safetensors import safe_open
-
-    index = hf / SAFE_INDEX_NAME
-    files = [SAFE_WEIGHTS_NAME]
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    for fname in files:
-        with safe_open(str(hf / fname), framework="pt") as st:
-            for name in st.keys():
-                yield name, st.get_tensor(name)
+    index when there are several), each tensor made only when its turn comes and written
+    at once; returns the file names written."""
+    writer = ShardedWriter(dest, max_shard_bytes)
+    try:
+        for spec in specs:
+            writer.add(spec.name, initial_tensor(spec, std, seed, dtype))
+        return writer.finish()
+    finally:
+        writer.abort()
 
 
 # ---------------------------------------------------------------- the directories
@@ -274,24 +204,26 @@ def _save_hf_dir(write_model, hf: Path, tokenizer_from: Path | None, sentencepie
 
 def _write_export(out: Path, hf: Path, cfg, specs: list[TensorSpec], bits: int, group_size: int | str,
                   lm_head: str, tokenizer: str | None) -> Path:
-    """The RTN export of the model in ``hf``: its decoder Linear weights in ``bits``
-    (int4 with ``group_size``), the lm_head in int8 when ``lm_head == 'int8'``, every
-    other tensor as stored."""
-    from compress.io.export import export_checkpoint
+    """The RTN export of the model in ``hf``, streamed tensor by tensor: its decoder
+    Linear weights in ``bits`` (int4 with ``group_size``), the lm_head in int8 when
+    ``lm_head == 'int8'``, every other tensor as stored."""
+    from compress.io.export import CheckpointWriter
     from quantizers.rtn import RTNConfig, quantize_weight_rtn
 
     rtn = RTNConfig(bits=4, group_size=group_size) if bits == 4 else RTNConfig(bits=8)
-    quantized_names = {s.name for s in specs if s.quantized}
+    quantized = {s.name.removesuffix(".weight"): rtn for s in specs if s.quantized}
     if lm_head == "int8":
-        quantized_names.add("lm_head.weight")
-    dense, quantized = {}, {}
-    for name, t in read_weights(hf):
-        if name not in quantized_names:
-            dense[name] = t
-            continue
-        mod = name.removesuffix(".weight")
-        quantized[mod] = quantize_weight_rtn(t.float(), rtn if mod != "lm_head" else RTNConfig(bits=8), mod)
-    return export_checkpoint(out, cfg, dense, quantized, tokenizer=tokenizer)
+        quantized["lm_head"] = RTNConfig(bits=8)
+    store = TensorStore(hf)
+    with CheckpointWriter(out) as w:
+        for name in store.names():
+            mod = name.removesuffix(".weight")
+            if mod in quantized:
+                w.add_quantized(mod, quantize_weight_rtn(store.read(name).float(), quantized[mod], mod))
+            else:
+                w.add_dense(name, store.read(name))
+        w.finish(cfg, tokenizer=tokenizer)
+    return w.out_dir
 
 
 def make_bench_model(out: Path, *, hidden: int = 1024, layers: int = 24, intermediate: int = 2816,
@@ -326,8 +258,9 @@ def make_bench_model(out: Path, *, hidden: int = 1024, layers: int = 24, interme
 
     paths = {"hf": out / "hf"}
     _save_hf_dir(write_model, paths["hf"], None if tokenizer_from is None else Path(tokenizer_from), sentencepiece, log)
+    n_shards = sum(f.endswith(".safetensors") for f in shards)
     log(f"wrote {paths['hf']} ({sum(s.numel() for s in specs) / 1e6:.0f}M parameters, {dtype}, "
-        f"{len(shards)} shard{'s' if len(shards) > 1 else ''})")
+        f"{n_shards} shard{'s' if n_shards > 1 else ''})")
     has_tokenizer = any((paths["hf"] / f).exists() for f in (*TOKENIZER_FILES, "tokenizer.model"))
     for name in EXPORTS[exports]:
         paths[name] = _write_export(out / name, paths["hf"], cfg, specs, 4 if name == "rtn-int4" else 8, group_size,

@@ -66,9 +66,10 @@ def test_make_model_names_a_bad_option(tmp_path, capsys, flag, value):
 
 # ---------------------------------------------------------------- sharded, bf16, streamed
 def _tensors(hf):
-    from compress.bench.make_model import read_weights
+    from compress.io.safetensors_files import TensorStore
 
-    return dict(read_weights(hf))
+    store = TensorStore(hf)
+    return {name: store.read(name) for name in store.names()}
 
 
 def _make(out, shape, **kw):
@@ -156,9 +157,9 @@ def test_make_model_cli_preset_with_overrides(tmp_path, tiny_bench_shape):
     assert sorted(p.name for p in out.iterdir()) == ["hf"]
 
 
-def test_the_7b_preset_plans_bf16_shards_of_at_most_5gb():
-    """Llama-2-7B's shape, planned on the meta device only (nothing is written)."""
-    from compress.bench.make_model import bench_config, plan_shards, resolve_shape, tensor_specs
+def test_the_7b_preset_has_llama_2_7b_tensors():
+    """Llama-2-7B's shape, read on the meta device only (nothing is written)."""
+    from compress.bench.make_model import bench_config, resolve_shape, tensor_specs
 
     shape = resolve_shape("llama-2-7b")
     assert shape == dict(hidden=4096, layers=32, intermediate=11008, heads=32, kv_heads=32, vocab=32000,
@@ -166,8 +167,6 @@ def test_the_7b_preset_plans_bf16_shards_of_at_most_5gb():
     assert resolve_shape("llama-2-7b", layers=2, hidden=None)["layers"] == 2
     specs = tensor_specs(bench_config(shape, torch.bfloat16))
     assert sum(s.numel() for s in specs) == 6_738_415_616
-    shards = plan_shards(specs, 2, 5 * 10**9)
-    assert len(shards) == 3 and all(sum(s.numel() * 2 for s in shard) <= 5 * 10**9 for shard in shards)
     assert sum(s.quantized for s in specs) == 32 * 7
 
 
