@@ -1,7 +1,10 @@
 """Load a checkpoint directory: our exports, plain HF safetensors dirs, compressed-tensors dirs.
 
 Only safetensors are read (never pickle). Every failure is a :class:`CheckpointError`
-whose message names the directory, file or tensor at fault.
+whose message names the directory, file or tensor at fault. Loading checks everything it
+can (headers, names, schemes, checksums, NaN/Inf) reading one tensor at a time; the
+:class:`Checkpoint` it returns reads a tensor when one is asked for, so it holds no
+weights of its own however large the files are.
 """
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from safetensors import safe_open
@@ -18,6 +21,7 @@ from safetensors import safe_open
 from compress.io.export import MANIFEST_NAME, SAFE_INDEX_NAME, SAFE_WEIGHTS_NAME, sha256_file
 from compress.io.formats import (FORMAT_NAME, SUPPORTED_FORMAT_VERSIONS, CheckpointFormatError,
                                  decode_quantized, group_tensor_names)
+from compress.io.safetensors_files import SafetensorsError, SafetensorsFile, TensorStore
 from compress.io.schemes import QuantizedWeight
 from compress.errors import UserError
 
@@ -40,14 +44,16 @@ class Checkpoint:
     path: Path
     config: Any                                  # transformers PretrainedConfig
     manifest: dict | None
-    dense: dict[str, torch.Tensor]
-    quantized: dict[str, QuantizedWeight]
+    dense: Mapping[str, torch.Tensor]           # DenseTensors: read on access
+    quantized: Mapping[str, QuantizedWeight]    # QuantizedWeights: read and decoded on access
     tokenizer_path: Path | None
     files: dict[str, dict] = field(default_factory=dict)  # name -> {size, sha256?, status}
     size_bytes: int = 0                          # bytes of the safetensors weight files
 
     @property
     def schemes(self) -> dict[str, str]:
+        if isinstance(self.quantized, QuantizedWeights):
+            return self.quantized.schemes  # without reading any tensor
         return {m: q.scheme for m, q in self.quantized.items()}
 
 
@@ -166,14 +172,6 @@ def read_safetensors_header(f: Path) -> dict[str, tuple[str, list[int]]]:
         raise CheckpointError(f"{f}: truncated or corrupted safetensors file ({type(e).__name__}: {e})") from None
 
 
-def _load_tensors(f: Path) -> dict[str, torch.Tensor]:
-    try:
-        with safe_open(str(f), framework="pt") as st:
-            return {k: st.get_tensor(k) for k in st.keys()}
-    except Exception as e:
-        raise CheckpointError(f"{f}: truncated or corrupted safetensors file ({type(e).__name__}: {e})") from None
-
-
 # ---------------------------------------------------------------- config
 
 def read_config_json(path: Path) -> dict:
@@ -239,73 +237,175 @@ def _expected_tensor_names(config) -> list[tuple[str, bool]]:
     return out
 
 
+# ---------------------------------------------------------------- tensors, read when asked for
+
+class DenseTensors(Mapping):
+    """A checkpoint's unquantized tensors by name. Each access reads the tensor from its
+    safetensors file into a new tensor (nothing is cached), so a checkpoint holds no
+    weights: whoever reads a tensor owns it and frees it by dropping it."""
+
+    def __init__(self, store: TensorStore, names):
+        self._store, self._names = store, dict.fromkeys(names)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._names:
+            raise KeyError(name)
+        return _read(self._store, name)
+
+    def __contains__(self, name) -> bool:  # by name: Mapping's default would read the tensor
+        return name in self._names
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __repr__(self) -> str:
+        return f"DenseTensors({len(self)} tensors in {self._store.directory})"
+
+
+class QuantizedWeights(Mapping):
+    """A checkpoint's quantized linears by module path. Each access reads the module's
+    tensors and decodes them into a new ``QuantizedWeight`` (nothing is cached)."""
+
+    def __init__(self, store: TensorStore, groups: dict[str, tuple[str, dict[str, str]]],
+                 metas: dict[str, dict]):
+        self._store, self._groups, self._metas = store, groups, metas
+
+    @property
+    def schemes(self) -> dict[str, str]:
+        """module -> scheme, from the tensor names alone (nothing is read)."""
+        return {mod: scheme for mod, (scheme, _) in self._groups.items()}
+
+    def __getitem__(self, mod: str) -> QuantizedWeight:
+        if mod not in self._groups:
+            raise KeyError(mod)
+        scheme, locs = self._groups[mod]
+        return self._decode(mod, {local: _read(self._store, full) for local, full in locs.items()})
+
+    def __contains__(self, mod) -> bool:  # by name: Mapping's default would read the tensors
+        return mod in self._groups
+
+    def check(self, mod: str) -> None:
+        """Decode ``mod`` as ``__getitem__`` does, reading only what the decoder checks
+        values of: the packed weights themselves (the bulk of the bytes, whose dtype
+        and shape the decoder checks) stand in as meta tensors of their dtype and shape."""
+        scheme, locs = self._groups[mod]
+        local = {}
+        for name, full in locs.items():
+            e = self._store.entry(full)
+            local[name] = (torch.empty(e.shape, dtype=e.dtype, device="meta") if name in _PAYLOAD_NAMES
+                           else _read(self._store, full))
+        try:
+            self._decode(mod, local)
+        except (NotImplementedError, RuntimeError):  # the decoder read a stand-in's values
+            self[mod]
+
+    def _decode(self, mod: str, local: dict[str, torch.Tensor]) -> QuantizedWeight:
+        try:
+            return decode_quantized(mod, self._groups[mod][0], local, self._metas[mod])
+        except CheckpointFormatError as e:
+            raise CheckpointError(f"{self._store.directory}: {e}") from None
+
+    def __iter__(self):
+        return iter(self._groups)
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def __repr__(self) -> str:
+        return f"QuantizedWeights({len(self)} modules in {self._store.directory})"
+
+
+_PAYLOAD_NAMES = ("weight_packed", "weight")  # a quantized module's packed int4 / int8 weights
+
+
+def _read(store: TensorStore, name: str) -> torch.Tensor:
+    try:
+        return store.read(name)
+    except SafetensorsError as e:
+        raise CheckpointError(str(e)) from None
+
+
+def _open_store(path: Path, weight_files: list[Path]) -> TensorStore:
+    """The directory's tensors by name (headers only). A file whose header does not fit
+    it is named as truncated or corrupted; the store then checks files against the index."""
+    for f in weight_files:
+        try:
+            SafetensorsFile(f)
+        except SafetensorsError as e:
+            reason = str(e).removeprefix(f"{f}: ")
+            raise CheckpointError(f"{f}: truncated or corrupted safetensors file ({reason})") from None
+    try:
+        return TensorStore(path)
+    except SafetensorsError as e:
+        raise CheckpointError(str(e)) from None
+
+
 # ---------------------------------------------------------------- load
 
 def load_checkpoint(path: str | os.PathLike, verify: bool = True, check_finite: bool = True) -> Checkpoint:
     """Read a checkpoint directory (see module doc). ``verify`` checks the manifest's
-    sha256 of every file; ``check_finite`` rejects NaN/Inf in any floating tensor."""
+    sha256 of every file; ``check_finite`` rejects NaN/Inf in any floating tensor.
+
+    Every check reads one tensor at a time; the returned checkpoint holds the files'
+    headers, not their weights: ``dense`` and ``quantized`` read a tensor when it is asked
+    for (``DenseTensors``, ``QuantizedWeights``), so a caller that builds something from
+    them holds at most what it keeps."""
     path = resolve_model_path(path)
     manifest = read_manifest(path)
     config = load_config(path)
     files: dict[str, dict] = {}
     if manifest is not None and verify:
         files = verify_files(path, manifest, strict=True)
-    weight_files, weight_map = find_weight_files(path)
+    weight_files, _ = find_weight_files(path)
+    store = _open_store(path, weight_files)
+    entries = {name: store.entry(name) for name in store.names()}
 
-    tensors: dict[str, torch.Tensor] = {}
-    origin: dict[str, Path] = {}
-    for f in weight_files:
-        for k, t in _load_tensors(f).items():
-            if k in tensors:
-                raise CheckpointError(f"tensor '{k}' appears in both {origin[k].name} and {f.name}")
-            tensors[k], origin[k] = t, f
-    if weight_map is not None:
-        for k, fname in weight_map.items():
-            if k not in tensors:
-                raise CheckpointError(f"missing tensor '{k}': {SAFE_INDEX_NAME} puts it in {fname}, which lacks it")
+    def origin(name: str) -> str:
+        return store.location[name]
 
-    dense_names, groups = group_tensor_names({k: t.dtype for k, t in tensors.items()})
+    dense_names, groups = group_tensor_names({k: e.dtype for k, e in entries.items()})
     layers_meta = (manifest or {}).get("layers", {})
-    quantized: dict[str, QuantizedWeight] = {}
+    metas: dict[str, dict] = {}
     for mod, (scheme, locs) in groups.items():
         entry = layers_meta.get(mod)
         if entry is not None and entry.get("scheme") != scheme:
             raise CheckpointError(f"'{mod}': manifest says scheme {entry.get('scheme')!r} but its tensors "
-                                  f"form {scheme!r} (in {origin[next(iter(locs.values()))].name})")
+                                  f"form {scheme!r} (in {origin(next(iter(locs.values())))})")
         meta = dict((entry or {}).get("meta", {}))
         if scheme == "llm_int8" and "threshold" not in meta:
             qc = getattr(config, "quantization_config", None) or {}
             if isinstance(qc, dict) and "llm_int8_threshold" in qc:
                 meta["threshold"] = qc["llm_int8_threshold"]
-        try:
-            quantized[mod] = decode_quantized(mod, scheme, {k: tensors[v] for k, v in locs.items()}, meta)
-        except CheckpointFormatError as e:
-            raise CheckpointError(f"{path}: {e}") from None
+        metas[mod] = meta
+    quantized = QuantizedWeights(store, groups, metas)
+    for mod in groups:
+        quantized.check(mod)
     for mod, entry in layers_meta.items():
-        if mod not in quantized:
+        if mod not in groups:
             raise CheckpointError(f"missing tensors for '{mod}' ({entry.get('scheme')}, listed in {MANIFEST_NAME}) "
                                   f"in {path}")
         for local in entry.get("tensors", []):
-            if f"{mod}.{local}" not in tensors:
+            if f"{mod}.{local}" not in entries:
                 raise CheckpointError(f"missing tensor '{mod}.{local}' in {path}")
-    dense = {k: tensors[k] for k in dense_names}
-    for k in dense:
+    for k in dense_names:
         if k.rpartition(".")[2] in ("weight_packed", "weight_scale", "weight_zero_point", "SCB", "weight_shape"):
-            raise CheckpointError(f"tensor '{k}' in {origin[k].name} looks quantized but its module is not "
+            raise CheckpointError(f"tensor '{k}' in {origin(k)} looks quantized but its module is not "
                                   "in a supported layout")
+    dense = DenseTensors(store, dense_names)
 
     for name, is_linear in _expected_tensor_names(config):
-        present = (name in quantized or f"{name}.weight" in dense) if is_linear else name in dense
+        present = (name in groups or f"{name}.weight" in dense) if is_linear else name in dense
         if not present:
             raise CheckpointError(f"missing tensor '{name if not is_linear else name + '.weight'}' in {path} "
                                   f"(required by the {config.model_type} architecture)")
 
     if check_finite:
-        for k, t in dense.items():
-            _check_finite(k, t, origin[k])
-        for mod, q in quantized.items():
-            for local, t in q.tensors.items():
-                _check_finite(f"{mod}.{local}", t, origin.get(next(iter(groups[mod][1].values()))))
+        for k, e in entries.items():
+            if e.dtype.is_floating_point:
+                _check_finite(k, _read(store, k), origin(k))
 
     tok = path if any((path / m).is_file() for m in TOKENIZER_MARKERS) else None
     if not files:
@@ -316,8 +416,14 @@ def load_checkpoint(path: str | os.PathLike, verify: bool = True, check_finite: 
                       tokenizer_path=tok, files=files, size_bytes=size)
 
 
-def _check_finite(name: str, t: torch.Tensor, f: Path | None) -> None:
-    if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
-        bad = int((~torch.isfinite(t)).sum())
-        where = f" in {f.name}" if f is not None else ""
+_FINITE_CHUNK = 1 << 22  # elements: torch.isfinite allocates ~1.75x its input (abs + masks)
+
+
+def _check_finite(name: str, t: torch.Tensor, file_name: str | None) -> None:
+    if not t.is_floating_point():
+        return
+    flat = t.reshape(-1)
+    bad = sum(int((~torch.isfinite(flat[i:i + _FINITE_CHUNK])).sum()) for i in range(0, flat.numel(), _FINITE_CHUNK))
+    if bad:
+        where = f" in {file_name}" if file_name is not None else ""
         raise CheckpointError(f"tensor '{name}'{where} has {bad} NaN/Inf value(s)")

@@ -67,6 +67,57 @@ def test_third_party_compressed_tensors_dir(tmp_path, export_dir):
         assert b.quantized[m].meta["group_size"] == 128
 
 
+def test_loaded_checkpoint_reads_tensors_when_asked(export_dir, tiny_llama, monkeypatch):
+    """The checkpoint holds headers, not weights: loading reads each tensor it checks one
+    at a time and keeps none; names, membership and schemes need no read; every access
+    reads a new tensor (nothing cached that a builder could not free)."""
+    from compress.io import safetensors_files
+    _, sd = tiny_llama
+    ck = load_checkpoint(export_dir)
+    reads = []
+    real_read = safetensors_files.TensorStore.read
+    monkeypatch.setattr(safetensors_files.TensorStore, "read", lambda self, name: reads.append(name) or real_read(self, name))
+    assert "model.embed_tokens.weight" in ck.dense and "model.layers.0.mlp.up_proj" in ck.quantized
+    assert "model.layers.0.mlp.up_proj.weight" not in ck.dense and "nope" not in ck.quantized
+    assert set(ck.schemes.values()) == {"w4a16"} and len(ck.quantized) == 14
+    assert sorted(ck.dense) == sorted(k for k in sd if not any(k == m + ".weight" for m in all_linears()))
+    assert reads == []
+    a, b = ck.dense["model.norm.weight"], ck.dense["model.norm.weight"]
+    assert torch.equal(a, sd["model.norm.weight"]) and a.data_ptr() != b.data_ptr()
+    qw = ck.quantized["model.layers.1.self_attn.o_proj"]
+    assert qw.scheme == "w4a16" and qw.tensors["qweight"].dtype == torch.int32
+    assert reads[:2] == ["model.norm.weight"] * 2
+    assert sorted(reads[2:]) == [f"model.layers.1.self_attn.o_proj.{t}" for t in
+                                 ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point")]
+    with pytest.raises(KeyError):
+        ck.dense["model.layers.0.mlp.up_proj.weight"]
+
+
+def test_sharded_export_names_a_missing_shard(tmp_path, tiny_llama):
+    cfg, sd = tiny_llama
+    dense, q = split_model(sd, {m: w8a8_rtn for m in all_linears()})
+    out = export_checkpoint(tmp_path / "s", cfg, dense, q, max_shard_bytes=300_000)
+    shards = sorted(out.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 1
+    ck = load_checkpoint(out)
+    assert all(torch.equal(ck.quantized[m].tensors["qweight"], q[m].tensors["qweight"]) for m in q)
+    shards[1].unlink()
+    with pytest.raises(CheckpointError, match=f"lists shard {shards[1].name}, which is missing"):
+        load_checkpoint(out, verify=False)
+
+
+def test_index_naming_a_tensor_no_shard_holds(tmp_path, tiny_llama):
+    cfg, sd = tiny_llama
+    out = export_checkpoint(tmp_path / "s", cfg, sd, {}, max_shard_bytes=300_000)
+    index = out / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    shard = data["weight_map"]["model.norm.weight"]
+    data["weight_map"]["model.layers.9.mlp.up_proj.weight"] = shard
+    index.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match=rf"'model\.layers\.9\.mlp\.up_proj\.weight' in {shard}.*no shard holds it"):
+        load_checkpoint(out, verify=False)
+
+
 def test_inspect_export(export_dir):
     d = inspect_checkpoint(export_dir)
     assert d["format"] == "compress-checkpoint" and d["format_version"] == 1 and d["verified"] is True
