@@ -32,6 +32,7 @@ class ArchSpec:
     final_norm: str = "model.norm"
     lm_head: str = "lm_head"
     layers: str = "model.layers"
+    rotary_emb: str = "model.rotary_emb"   # holds buffers only, rebuilt from the config
     attn_norm: str = "input_layernorm"
     mlp_norm: str = "post_attention_layernorm"
     q_proj: str = "self_attn.q_proj"

@@ -103,8 +103,10 @@ def block_output(out):
 
 
 def capture_first_block_inputs(model: nn.Module, arch: ArchSpec, input_ids: torch.Tensor,
-                               batch_size: int = 8) -> BlockInputs:
-    """Run the embedding only, catching what the first decoder block receives."""
+                               batch_size: int = 8, embed=None) -> BlockInputs:
+    """Run the embedding only, catching what the first decoder block receives.
+    ``embed(ids) -> [batch, T, H]``, when given, replaces the model's embedding module
+    (which may then sit on the ``meta`` device)."""
     blocks = model.get_submodule(arch.layers)
     first = blocks[0]
     hidden, kwargs_seen = [], {}
@@ -118,8 +120,12 @@ def capture_first_block_inputs(model: nn.Module, arch: ArchSpec, input_ids: torc
     try:
         with torch.no_grad():
             for i in range(0, input_ids.shape[0], batch_size):
+                batch = input_ids[i:i + batch_size]
                 try:
-                    model(input_ids[i:i + batch_size], use_cache=False)
+                    if embed is None:
+                        model(batch, use_cache=False)
+                    else:
+                        model(inputs_embeds=embed(batch), use_cache=False)
                 except _StopForward:
                     pass
     finally:
@@ -155,6 +161,11 @@ def iterate_blocks(model: nn.Module, arch: ArchSpec, input_ids: torch.Tensor,
     blocks = model.get_submodule(arch.layers)
     for index, block in enumerate(blocks):
         yield index, block, inputs
-        outputs = run_block(block, inputs)
-        _check_finite(outputs, f"at the output of block {index} ({arch.layers}.{index})")
-        inputs = BlockInputs(outputs, inputs.kwargs)
+        inputs = advance(block, inputs, index, arch)
+
+
+def advance(block: nn.Module, inputs: BlockInputs, index: int, arch: ArchSpec) -> BlockInputs:
+    """The next block's inputs: block ``index`` run on ``inputs``, checked for NaN/Inf."""
+    outputs = run_block(block, inputs)
+    _check_finite(outputs, f"at the output of block {index} ({arch.block_prefix(index)})")
+    return BlockInputs(outputs, inputs.kwargs)

@@ -1,13 +1,12 @@
 """``compress run``: recipe -> stages of steps -> packed exports -> evaluation -> report.
 
-Data travels one way: the base model is loaded once; each stage starts from a copy
-of the base (or of an earlier stage), applies its steps in order, and is exported;
-then every stage is evaluated from its exported checkpoint by the runtime, so the
+Data travels one way: each stage reads the base model's files (or an earlier stage's
+export) block by block, applies its steps, and writes its export as the blocks finish
+(``compress/stage_executor.py``); then every stage is evaluated from its exported checkpoint by the runtime, so the
 figures in the report are those of the files a user ships.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import random
 import time
@@ -16,14 +15,11 @@ from pathlib import Path
 
 import torch
 
-from compress.calibration import CalibrationError, load_calibration_ids
-from compress.config import ConfigError
-from compress.errors import StepError
+from compress.calibration import load_calibration_ids
 from compress.dtypes import DTYPES
-from compress.model_loading import load_model_for_compression
+from compress.io.checkpoint import resolve_model_path
+from compress.model_loading import read_arch
 from compress.recipe import Recipe
-from compress.registry import get_method
-from compress.state import CompressionState, StepContext
 
 
 def seed_everything(seed: int) -> None:
@@ -40,22 +36,37 @@ class StageResult:
     stats: dict = field(default_factory=dict)   # the steps' StepContext.stats
 
 
-def _later_sources(recipe: Recipe, index: int) -> set[str]:
-    return {st.source for st in recipe.stages[index + 1:]}
-
-
 def compress_stages(recipe: Recipe, output: Path, progress: bool = True, log=print) -> tuple[Path, list[StageResult]]:
-    """Apply every stage and export it to ``output/<stage>``. Returns (base model dir, results)."""
-    from compress.io.export import export_checkpoint, tokenizer_files
+    """Apply every stage and export it to ``output/<stage>``. Returns (base model dir, results).
+
+    Each stage streams its source (the base model's files, or the export of the stage it
+    starts from) block by block into its own export (``compress/stage_executor.py``):
+    memory stays near one block whatever the model's size and the number of stages."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from compress.io.export import tokenizer_files
+    from compress.memory_estimate import check_memory
+    from compress.model_source import ModelSource
+    from compress.stage_executor import build_skeleton, run_stage
 
     seed_everything(recipe.seed)
-    model, tokenizer, arch, model_dir = load_model_for_compression(
-        recipe.model_location, recipe.model.dtype, recipe.model.trust_remote_code)
-    log(f"loaded {model_dir} ({arch.model_type}, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters)")
-
+    model_dir = resolve_model_path(recipe.model_location)
+    arch = read_arch(model_dir)
+    trust = recipe.model.trust_remote_code
+    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust)
+    working = None if recipe.model.dtype == "auto" else DTYPES[recipe.model.dtype]
+    base = ModelSource(model_dir, working)
+    dense_dtype = base.dtype if recipe.export.dense_dtype == "auto" else DTYPES[recipe.export.dense_dtype]
+    skeleton = build_skeleton(config, arch, trust)
+    check_memory(recipe, skeleton, arch, log)
+    n_params = sum(p.numel() for p in skeleton.parameters())
+    log(f"reading {model_dir} ({arch.model_type}, {n_params / 1e6:.1f}M parameters, "
+        f"{base.nbytes() / 1e9:.2f} GB stored as {str(base.stored_dtype).replace('torch.', '')})")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust)
     # the source's tokenizer files as they are (a sentencepiece tokenizer.model, the chat
     # template), rather than what the loaded tokenizer object would write back
     tokenizer_source = model_dir if tokenizer_files(Path(model_dir)) else tokenizer
+    generation_config = _generation_config(model_dir, config)
     calib_cache: dict[str, torch.Tensor] = {}
 
     def calibration() -> torch.Tensor:
@@ -65,43 +76,34 @@ def compress_stages(recipe: Recipe, output: Path, progress: bool = True, log=pri
                                                       c.samples, c.seq_len, c.seed, c.field, c.dataset)
         return calib_cache["ids"]
 
-    states: dict[str, CompressionState] = {"base": CompressionState(model, arch, tokenizer, str(model_dir))}
     results = []
     resolved = recipe.resolved_yaml()
-    for i, stage in enumerate(recipe.stages):
+    for stage in recipe.stages:
         t0 = time.perf_counter()
-        src = states[stage.source]
-        state = CompressionState(copy.deepcopy(src.model), src.arch, tokenizer, src.model_path,
-                                 dict(src.quantized))
-        stats: dict = {}
-        for step in stage.steps:
-            log(f"[{stage.name}] {step.method}")
-            seed_everything(recipe.seed)
-            ctx = StepContext(where=step.where, calibration=calibration, seed=recipe.seed, progress=progress,
-                              stats=stats)
-            try:
-                get_method(step.method).apply(state, step.config, ctx)
-            except (ConfigError, CalibrationError):
-                raise
-            except ValueError as exc:
-                raise StepError(f"{step.where}: {exc}") from exc
+        seed_everything(recipe.seed)
+        source = base if stage.source == "base" else ModelSource(output / stage.source, working)
         out_dir = output / stage.name
-        dense = {k: v for k, v in state.model.state_dict().items()
-                 if k.removesuffix(".weight") not in state.quantized}
-        export_checkpoint(out_dir, state.model.config, dense, state.quantized, tokenizer=tokenizer_source,
-                          recipe_text=resolved, extra_manifest={"stage": stage.name, "source": stage.source},
-                          dense_dtype=DTYPES[recipe.export.dense_dtype],
-                          generation_config=getattr(state.model, "generation_config", None))
-        results.append(StageResult(stage.name, str(out_dir), time.perf_counter() - t0, len(state.quantized),
-                                   stats))
-        log(f"[{stage.name}] exported {len(state.quantized)} quantized layers to {out_dir} "
+        log(f"[{stage.name}] {' + '.join(s.method for s in stage.steps)} on {stage.source}")
+        done = run_stage(stage, skeleton, arch, source, out_dir, calibration, seed=recipe.seed,
+                         dense_dtype=dense_dtype, max_shard_bytes=recipe.export.max_shard_bytes,
+                         finish_kwargs=dict(tokenizer=tokenizer_source, recipe_text=resolved,
+                                            extra_manifest={"stage": stage.name, "source": stage.source},
+                                            generation_config=generation_config),
+                         progress=progress, log=log)
+        results.append(StageResult(stage.name, str(out_dir), time.perf_counter() - t0, done.quantized_layers,
+                                   done.stats))
+        log(f"[{stage.name}] exported {done.quantized_layers} quantized layers to {out_dir} "
             f"in {results[-1].seconds:.1f}s")
-        needed = _later_sources(recipe, i)
-        if stage.name in needed:
-            states[stage.name] = state
-        for name in [n for n in states if n != "base" and n not in needed]:
-            del states[name]
     return model_dir, results
+
+
+def _generation_config(model_dir: Path, config):
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(model_dir)
+    except (OSError, ValueError):
+        return GenerationConfig.from_model_config(config)
 
 
 def run_recipe(recipe: Recipe, output: Path | None = None, evaluate: bool = True,

@@ -23,7 +23,9 @@ STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 @dataclass
 class ModelConfig:
     path: str
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # the precision the weights are taken in; "auto" = as the checkpoint stores them (the
+    # computations upcast one block at a time to float32 either way)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     trust_remote_code: bool = False
 
 
@@ -41,10 +43,38 @@ class CalibrationConfig:
         check(self.seq_len > 1, "seq_len", f"must be > 1, got {self.seq_len}")
 
 
+SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def parse_size(value: int | str) -> int | None:
+    """Bytes from ``5000000``, ``"500MB"``, ``"2GiB"``, ``"5GB"``; None when unreadable."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(value))
+    if not m or m.group(2).upper() not in SIZE_UNITS:
+        return None
+    return int(float(m.group(1)) * SIZE_UNITS[m.group(2).upper()])
+
+
 @dataclass
 class ExportConfig:
     output: str = "out"
-    dense_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # the dtype of the tensors left in float (embeddings, norms, unquantized linears);
+    # "auto" = the model's working dtype (model.dtype), so a bf16 model stays bf16
+    dense_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # shards of at most this size (model-0000k-of-0000n.safetensors + the index json)
+    max_shard_size: int | str = "2GiB"
+
+    def validate(self) -> None:
+        size = parse_size(self.max_shard_size)
+        check(size is not None and size > 0, "max_shard_size",
+              f"must be a positive size like 2GiB, 500MB or a number of bytes, got {self.max_shard_size!r}")
+
+    @property
+    def max_shard_bytes(self) -> int:
+        return parse_size(self.max_shard_size)
 
 
 @dataclass

@@ -54,14 +54,17 @@ def tiny_config(family: str = "llama", **overrides):
     return cls(**kw)
 
 
-def make_tiny_model(path: Path, family: str = "llama", seed: int = 0, **overrides) -> Path:
-    """Save a random tiny ``family`` model + tokenizer into ``path``; returns ``path``."""
+def make_tiny_model(path: Path, family: str = "llama", seed: int = 0, dtype: torch.dtype = torch.float32,
+                    max_shard_size: str | int | None = None, **overrides) -> Path:
+    """Save a random tiny ``family`` model + tokenizer into ``path`` (stored as ``dtype``,
+    sharded by transformers when ``max_shard_size`` is given); returns ``path``."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_config(family, **overrides))
-    model.eval()
+    model.eval().to(dtype)
     path = Path(path)
-    model.save_pretrained(path, safe_serialization=True)
+    kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    model.save_pretrained(path, safe_serialization=True, **kwargs)
     make_tokenizer(model.config.vocab_size).save_pretrained(path)
     return path

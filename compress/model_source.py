@@ -1,0 +1,112 @@
+"""Where a stage reads its weights from: the base model's safetensors files, or an
+earlier stage's export, one tensor at a time.
+
+``ModelSource.weight(name)`` gives a float tensor by state-dict name in the model's
+working dtype (the stored dtype for ``dtype: auto``); a linear quantized by an earlier
+stage gives its dequantized weight, and ``quantized(module)`` its QuantizedWeight, which
+a later stage carries over unless one of its steps quantizes the layer again. Nothing
+is read until it is asked for.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from compress.errors import UserError
+from compress.io.formats import CheckpointFormatError, decode_quantized, group_tensor_names
+from compress.io.safetensors_files import SafetensorsError, TensorStore
+from compress.io.schemes import QuantizedWeight
+
+MANIFEST_NAME = "compress_manifest.json"
+
+
+class SourceError(UserError):
+    pass
+
+
+def stored_dtype(directory: Path, store: TensorStore) -> torch.dtype:
+    """The dtype the checkpoint's float weights are stored in: config.json's ``dtype`` /
+    ``torch_dtype`` for a float model, else the first float tensor's."""
+    try:
+        cfg = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        cfg = {}
+    if not cfg.get("quantization_config"):
+        name = cfg.get("dtype") or cfg.get("torch_dtype")
+        if isinstance(name, str) and isinstance(getattr(torch, name, None), torch.dtype) \
+                and getattr(torch, name).is_floating_point:
+            return getattr(torch, name)
+    return store.first_float_dtype() or torch.float32
+
+
+def all_finite(t: torch.Tensor, chunk: int = 1 << 22) -> bool:
+    """``torch.isfinite(t).all()`` in slices: the one-shot form makes temporaries several
+    times the tensor's size (a 131 MB lm_head peaked 220 MB above itself)."""
+    flat = t.reshape(-1)
+    return all(bool(torch.isfinite(flat[i:i + chunk]).all()) for i in range(0, flat.numel(), chunk))
+
+
+class ModelSource:
+    def __init__(self, directory: str | Path, dtype: torch.dtype | None = None):
+        """``dtype``: the working dtype float weights are rounded to (None: as stored)."""
+        self.directory = Path(directory)
+        try:
+            self.store = TensorStore(self.directory)
+        except SafetensorsError as exc:
+            raise SourceError(str(exc)) from None
+        self.stored_dtype = stored_dtype(self.directory, self.store)
+        self.dtype = dtype or self.stored_dtype
+        names = {n: self.store.entry(n).dtype for n in self.store.names()}
+        dense, groups = group_tensor_names(names)
+        self.dense_names = set(dense)
+        self.groups = groups                       # module -> (scheme, {local: full name})
+        self.layer_meta: dict = {}
+        manifest = self.directory / MANIFEST_NAME
+        if groups and manifest.is_file():
+            try:
+                self.layer_meta = json.loads(manifest.read_text(encoding="utf-8")).get("layers", {})
+            except ValueError as exc:
+                raise SourceError(f"{manifest}: invalid JSON ({exc})") from None
+
+    def names(self) -> list[str]:
+        """State-dict names: dense tensors, and ``<module>.weight`` of quantized linears."""
+        return sorted(self.dense_names | {f"{m}.weight" for m in self.groups})
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.dense_names or name.removesuffix(".weight") in self.groups
+
+    def nbytes(self) -> int:
+        return self.store.nbytes
+
+    def quantized(self, module: str) -> QuantizedWeight | None:
+        if module not in self.groups:
+            return None
+        scheme, locs = self.groups[module]
+        meta = dict(self.layer_meta.get(module, {}).get("meta", {}))
+        try:
+            local = {k: self.store.read(v) for k, v in locs.items()}
+            return decode_quantized(module, scheme, local, meta)
+        except (CheckpointFormatError, SafetensorsError) as exc:
+            raise SourceError(f"{self.directory}: {exc}") from None
+
+    def weight(self, name: str, compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Tensor ``name``: floats rounded to the working dtype, then cast to
+        ``compute_dtype`` when given; other tensors as stored."""
+        module = name.removesuffix(".weight")
+        if name not in self.dense_names and module in self.groups:
+            t = self.quantized(module).dequantize()     # exact in fp32: not rounded to the working dtype
+            return t if compute_dtype is None else t.to(compute_dtype)
+        else:
+            try:
+                t = self.store.read(name)
+            except SafetensorsError as exc:
+                raise SourceError(str(exc)) from None
+        if t.is_floating_point():
+            t = t.to(self.dtype)
+            if not all_finite(t):
+                raise SourceError(f"{self.directory}: tensor {name!r} contains NaN/Inf")
+            if compute_dtype is not None:
+                t = t.to(compute_dtype)
+        return t

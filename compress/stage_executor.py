@@ -1,0 +1,256 @@
+"""Running one recipe stage block by block, from files to files.
+
+A stage never holds its model: the module tree is built on the ``meta`` device
+(:func:`build_skeleton`; only the rotary buffers are real), and for each decoder block
+in turn the executor
+
+1. reads the block's tensors from the stage's source (the base model's safetensors, or
+   an earlier stage's export: ``compress/model_source.py``) into the skeleton, upcast
+   to float32 for the computations;
+2. runs every step of the stage on it (``compress/block_steps.py``), each calibrated
+   step with its own stream of calibration activations, advanced through the block as
+   that step left it -- exactly what running the steps one after the other over the
+   whole model computes;
+3. writes the block's packed and dense tensors into the export's shards
+   (``CheckpointWriter``) and puts the block back on ``meta``.
+
+Then the linears outside the blocks that a step takes (an ``lm_head`` for RTN) and every
+other tensor (embedding, final norm) are streamed from the source to the export. Peak
+memory is about one float32 block, the embedding (as stored) while the calibration set
+is embedded, and the calibration activations -- not the model.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from compress.calibration import BlockInputs, CalibrationError, advance, capture_first_block_inputs
+from compress.config import ConfigError
+from compress.errors import StepError
+from compress.io.export import CheckpointWriter
+from compress.io.schemes import QuantizedWeight
+from compress.model_source import ModelSource, SourceError
+from compress.registry import get_method
+from compress.state import StepContext
+
+COMPUTE_DTYPE = torch.float32
+
+
+def build_skeleton(config, arch, trust_remote_code: bool = False) -> nn.Module:
+    """The model's module tree with every parameter on ``meta`` and real buffers."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=COMPUTE_DTYPE, trust_remote_code=trust_remote_code)
+    parent, _, child = arch.rotary_emb.rpartition(".")
+    rotary = model.get_submodule(arch.rotary_emb)
+    setattr(model.get_submodule(parent), child, type(rotary)(config=model.config))
+    meta_buffers = [n for n, b in model.named_buffers() if b.is_meta]
+    if meta_buffers:
+        raise SourceError(f"{config.model_type}: buffer {meta_buffers[0]!r} cannot be rebuilt from the config "
+                          f"(the architecture table knows only {arch.rotary_emb!r})")
+    return model.eval()
+
+
+class Materializer:
+    """Moves a module's parameters between the source's files and ``meta``."""
+
+    def __init__(self, model: nn.Module, source: ModelSource):
+        self.model, self.source = model, source
+        aliases: dict[int, list[str]] = {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            aliases.setdefault(id(p), []).append(name)
+        self.aliases = aliases          # tied parameters: every name of one tensor
+
+    def source_name(self, full: str, param: nn.Parameter) -> str:
+        for name in [full] + self.aliases.get(id(param), []):
+            if name in self.source:
+                return name
+        raise SourceError(f"{self.source.directory}: no tensor {full!r} in its safetensors files")
+
+    def load(self, module: nn.Module, prefix: str) -> dict[str, QuantizedWeight]:
+        """Real parameters for ``module`` (path ``prefix``); returns the QuantizedWeights
+        of its linears that the source holds quantized (carried over by the stage)."""
+        carried = {}
+        for local, param in list(module.named_parameters()):
+            full = f"{prefix}.{local}" if prefix else local
+            name = self.source_name(full, param)
+            qw = self.source.quantized(name.removesuffix(".weight")) if name.endswith(".weight") else None
+            if qw is not None:
+                carried[full.removesuffix(".weight")] = qw
+                t = qw.dequantize().to(COMPUTE_DTYPE)
+            else:
+                t = self.source.weight(name, COMPUTE_DTYPE)
+            if tuple(t.shape) != tuple(param.shape):
+                raise SourceError(f"{self.source.directory}: tensor {name!r} has shape {list(t.shape)}, "
+                                  f"the config makes it {list(param.shape)}")
+            _set_parameter(module, local, nn.Parameter(t, requires_grad=False))
+        return carried
+
+    @staticmethod
+    def release(module: nn.Module) -> None:
+        for local, param in list(module.named_parameters()):
+            _set_parameter(module, local, nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=False))
+        return_freed_memory()
+
+
+def return_freed_memory() -> None:
+    """Hand the allocator's free pages back to the OS (glibc ``malloc_trim``). A block's
+    tensors are mostly under glibc's adaptive mmap threshold, so without this the heap
+    keeps the pages of every freed block and RSS creeps up block after block."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _load_libc():
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+_LIBC = _load_libc()
+
+
+def _set_parameter(module: nn.Module, local: str, param: nn.Parameter) -> None:
+    owner, _, leaf = local.rpartition(".")
+    (module.get_submodule(owner) if owner else module)._parameters[leaf] = param
+
+
+@contextlib.contextmanager
+def step_errors(where: str):
+    """A ValueError inside a step becomes a StepError naming the step."""
+    try:
+        yield
+    except (ConfigError, CalibrationError, SourceError, StepError):
+        raise
+    except ValueError as exc:
+        raise StepError(f"{where}: {exc}") from exc
+
+
+@dataclass
+class StageOutput:
+    quantized_layers: int
+    stats: dict = field(default_factory=dict)
+
+
+def run_stage(stage, skeleton: nn.Module, arch, source: ModelSource, out_dir: Path,
+              calibration: Callable[[], torch.Tensor], *, seed: int, dense_dtype: torch.dtype,
+              max_shard_bytes: int, finish_kwargs: dict[str, Any], progress: bool = True,
+              log=print) -> StageOutput:
+    """Apply ``stage``'s steps to ``source`` block by block and export to ``out_dir``."""
+    from tqdm.auto import tqdm
+
+    stats: dict = {}
+    steps = []
+    for step in stage.steps:
+        ctx = StepContext(where=step.where, calibration=calibration, seed=seed, progress=progress, stats=stats)
+        with step_errors(step.where):
+            steps.append((step, get_method(step.method).step(skeleton, arch, step.config, ctx)))
+    loader = Materializer(skeleton, source)
+    blocks = skeleton.get_submodule(arch.layers)
+    streams: dict[int, BlockInputs] = {}
+    calibrated = [j for j, (_, s) in enumerate(steps) if s.calibrated and s.per_block]
+    if calibrated:
+        ids = calibration()
+        weight = skeleton.get_submodule(arch.embed_tokens).weight
+        table = source.weight(loader.source_name(f"{arch.embed_tokens}.weight", weight))   # as stored
+
+        def embed(batch: torch.Tensor) -> torch.Tensor:
+            return nn.functional.embedding(batch, table).to(COMPUTE_DTYPE)
+
+        by_batch: dict[int, BlockInputs] = {}
+        for j in calibrated:
+            bs = steps[j][1].batch_size
+            if bs not in by_batch:
+                by_batch[bs] = capture_first_block_inputs(skeleton, arch, ids, bs, embed)
+            streams[j] = by_batch[bs]
+        del by_batch, table
+
+    config = skeleton.config
+    with CheckpointWriter(out_dir, dense_dtype, max_shard_bytes) as writer:
+        written: set[str] = set()
+
+        def write_module(module: nn.Module, prefix: str, quantized: dict[str, QuantizedWeight]) -> None:
+            for local, param in module.named_parameters():
+                full = f"{prefix}.{local}"
+                mod = full.removesuffix(".weight")
+                if full.endswith(".weight") and mod in quantized:
+                    writer.add_quantized(mod, quantized[mod])
+                else:
+                    writer.add_dense(full, param.data)
+                written.add(full)
+
+        def recorder(quantized: dict[str, QuantizedWeight]):
+            def record(name: str, module: nn.Linear, qw: QuantizedWeight) -> None:
+                quantized[name] = qw
+                with torch.no_grad():
+                    module.weight.copy_(qw.dequantize().to(module.weight.dtype))
+            return record
+
+        bar = tqdm(total=len(blocks), desc=f"{stage.name}: {'+'.join(s.method for s in stage.steps)}",
+                   unit="block", disable=not progress)
+        for index, block in enumerate(blocks):
+            prefix = f"{arch.layers}.{index}"
+            quantized = loader.load(block, prefix)
+            record = recorder(quantized)
+            for j, (step, runner) in enumerate(steps):
+                with step_errors(step.where):
+                    if index in runner.per_block:
+                        runner.block(index, block, streams.get(j), record)
+                    if j in streams and index + 1 < len(blocks):
+                        streams[j] = advance(block, streams[j], index, arch)
+            write_module(block, prefix, quantized)
+            loader.release(block)
+            bar.update(1)
+        bar.close()
+        streams.clear()
+
+        outside: dict[str, list] = {}
+        for step, runner in steps:
+            for name in runner.outside:
+                outside.setdefault(name, []).append((step, runner))
+        for name, takers in outside.items():
+            module = skeleton.get_submodule(name)
+            quantized = loader.load(module, name)
+            record = recorder(quantized)
+            for step, runner in takers:
+                with step_errors(step.where):
+                    runner.outside_linear(name, module, record)
+            write_module(module, name, quantized)
+            loader.release(module)
+            if getattr(config, "tie_word_embeddings", False) and name == arch.lm_head:
+                config = _untied(config)          # the head now has its own (quantized) tensors
+
+        # everything else as stored: embedding, final norm, a dense lm_head, extra tensors
+        for name in source.names():
+            if name in written:
+                continue
+            mod = name.removesuffix(".weight")
+            qw = source.quantized(mod) if name.endswith(".weight") else None
+            if qw is not None:
+                writer.add_quantized(mod, qw)
+            else:
+                writer.add_dense(name, source.weight(name))
+            written.add(name)
+        for _, runner in steps:
+            runner.finish(stats)
+        writer.finish(config, **finish_kwargs)
+    return StageOutput(len(writer.layers), stats)
+
+
+def _untied(config):
+    import copy
+
+    config = copy.deepcopy(config)
+    config.tie_word_embeddings = False
+    return config
