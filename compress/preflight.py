@@ -58,4 +58,10 @@ def preflight(recipe) -> list[str]:
             check = get_method(step.method).check_model
             if check is not None:
                 check(model, step.config, step.where)
-    return [f"checked against {Path(recipe.model_location) / 'config.json'}"]
+    from compress.architectures import get_arch
+    from compress.memory_estimate import GB, available_bytes, estimate
+
+    est = estimate(recipe, model, get_arch(config.model_type, where=str(Path(recipe.model_location) / "config.json")))
+    free = available_bytes()
+    return [f"checked against {Path(recipe.model_location) / 'config.json'}",
+            f"memory estimate: {est.describe()}" + (f"; {free / GB:.1f} GB available" if free else "")]
