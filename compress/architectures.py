@@ -2,12 +2,15 @@
 
 Everything the compressor, the pruner and the runtime need to know about a model
 family (where the decoder blocks are, which norm feeds which linears, which linears
-share an input, what the projections are called) lives here, keyed by the Hugging
+share an input, which tensor slices structured pruning removes together, what the
+projections are called) lives here, keyed by the Hugging
 Face ``model_type``. No subclasses per model.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
 from compress.errors import UserError
 
 
@@ -22,6 +25,89 @@ class ScaleGroup:
     prev: str
     prev_kind: str
     linears: tuple[str, ...]
+
+
+ChannelUnit = Literal["channel", "query_head", "kv_head"]
+
+
+@dataclass(frozen=True)
+class ChannelMember:
+    """One tensor that a channel group cuts.
+
+    ``tensor``: a parameter name relative to each decoder block (``scope='block'``) or to
+    the model (``scope='model'``). ``axis``: the dimension the group's channels index.
+    ``role``: 'writes' (output rows: the tensor produces the channel), 'reads' (input
+    columns: it consumes it) or 'scales' (a norm weight). ``unit``: what one index of the
+    group covers on that axis -- 'channel' (one row or column), 'query_head' (the
+    head_dim rows or columns of one query head) or 'kv_head' (the head_dim rows of a
+    key/value head, kept while any query head of its group is kept). ``tied_to``: the
+    tensor this one is when ``config.tie_word_embeddings`` (then only that one is cut).
+    """
+    tensor: str
+    axis: int
+    role: Literal["writes", "reads", "scales"]
+    unit: ChannelUnit = "channel"
+    scope: Literal["block", "model"] = "block"
+    tied_to: str | None = None
+
+
+@dataclass(frozen=True)
+class ChannelGroup:
+    """Tensors whose slices along one index space are removed together (structured pruning).
+
+    ``kind`` names the index space and what the cut changes in the config:
+    'mlp_channel' (``intermediate_size``, chosen per block), 'query_head'
+    (``num_attention_heads`` / ``num_key_value_heads``, chosen per block) and
+    'hidden_channel' (``hidden_size``, one choice for the whole residual stream).
+    """
+    name: str
+    kind: Literal["mlp_channel", "query_head", "hidden_channel"]
+    members: tuple[ChannelMember, ...]
+
+
+# the llama family's topology (llama, mistral, qwen2): names relative to a decoder block
+LLAMA_SCALE_GROUPS = (
+    ScaleGroup("input_layernorm", "norm", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+    ScaleGroup("self_attn.v_proj", "linear", ("self_attn.o_proj",)),
+    ScaleGroup("post_attention_layernorm", "norm", ("mlp.gate_proj", "mlp.up_proj")),
+    ScaleGroup("mlp.up_proj", "linear", ("mlp.down_proj",)),
+)
+
+
+def llama_channel_groups(qkv_bias: bool = False) -> tuple[ChannelGroup, ...]:
+    """The llama family's prunable channels; ``qkv_bias``: q/k/v carry biases (Qwen2)."""
+    M = ChannelMember
+    head_biases = ((M("self_attn.q_proj.bias", 0, "writes", "query_head"),
+                    M("self_attn.k_proj.bias", 0, "writes", "kv_head"),
+                    M("self_attn.v_proj.bias", 0, "writes", "kv_head")) if qkv_bias else ())
+    return (
+        ChannelGroup("mlp", "mlp_channel", (
+            M("mlp.gate_proj.weight", 0, "writes"),
+            M("mlp.up_proj.weight", 0, "writes"),
+            M("mlp.down_proj.weight", 1, "reads"),
+        )),
+        ChannelGroup("attention_heads", "query_head", (
+            M("self_attn.q_proj.weight", 0, "writes", "query_head"),
+            M("self_attn.k_proj.weight", 0, "writes", "kv_head"),
+            M("self_attn.v_proj.weight", 0, "writes", "kv_head"),
+            *head_biases,
+            M("self_attn.o_proj.weight", 1, "reads", "query_head"),
+        )),
+        ChannelGroup("hidden", "hidden_channel", (
+            M("model.embed_tokens.weight", 1, "writes", scope="model"),
+            M("input_layernorm.weight", 0, "scales"),
+            M("self_attn.q_proj.weight", 1, "reads"),
+            M("self_attn.k_proj.weight", 1, "reads"),
+            M("self_attn.v_proj.weight", 1, "reads"),
+            M("self_attn.o_proj.weight", 0, "writes"),
+            M("post_attention_layernorm.weight", 0, "scales"),
+            M("mlp.gate_proj.weight", 1, "reads"),
+            M("mlp.up_proj.weight", 1, "reads"),
+            M("mlp.down_proj.weight", 0, "writes"),
+            M("model.norm.weight", 0, "scales", scope="model"),
+            M("lm_head.weight", 1, "reads", scope="model", tied_to="model.embed_tokens.weight"),
+        )),
+    )
 
 
 @dataclass(frozen=True)
@@ -44,6 +130,10 @@ class ArchSpec:
     down_proj: str = "mlp.down_proj"
     qkv_bias: bool = False          # Qwen2 has biases on q/k/v
     sliding_window: bool = False    # Mistral may use a sliding attention window
+    # groups of linears sharing an input (what AWQ scales together), relative to a block
+    scale_groups: tuple[ScaleGroup, ...] = LLAMA_SCALE_GROUPS
+    # what structured pruning can cut together (pruning/channel_slices.py)
+    channel_groups: tuple[ChannelGroup, ...] = llama_channel_groups()
 
     @property
     def block_linears(self) -> tuple[str, ...]:
@@ -51,15 +141,12 @@ class ArchSpec:
         return (self.q_proj, self.k_proj, self.v_proj, self.o_proj,
                 self.gate_proj, self.up_proj, self.down_proj)
 
-    @property
-    def scale_groups(self) -> tuple[ScaleGroup, ...]:
-        """Groups of linears sharing an input (what AWQ scales together)."""
-        return (
-            ScaleGroup(self.attn_norm, "norm", (self.q_proj, self.k_proj, self.v_proj)),
-            ScaleGroup(self.v_proj, "linear", (self.o_proj,)),
-            ScaleGroup(self.mlp_norm, "norm", (self.gate_proj, self.up_proj)),
-            ScaleGroup(self.up_proj, "linear", (self.down_proj,)),
-        )
+    def channel_group(self, name: str) -> ChannelGroup:
+        for group in self.channel_groups:
+            if group.name == name:
+                return group
+        raise KeyError(f"{self.model_type} has no channel group {name!r}; "
+                       f"its groups: {', '.join(g.name for g in self.channel_groups)}")
 
     def block_prefix(self, index: int) -> str:
         return f"{self.layers}.{index}"
@@ -68,7 +155,8 @@ class ArchSpec:
 ARCHITECTURES: dict[str, ArchSpec] = {
     "llama": ArchSpec("llama", ("LlamaForCausalLM",)),
     "mistral": ArchSpec("mistral", ("MistralForCausalLM",), sliding_window=True),
-    "qwen2": ArchSpec("qwen2", ("Qwen2ForCausalLM",), qkv_bias=True, sliding_window=True),
+    "qwen2": ArchSpec("qwen2", ("Qwen2ForCausalLM",), qkv_bias=True, sliding_window=True,
+                      channel_groups=llama_channel_groups(qkv_bias=True)),
 }
 
 
