@@ -1,6 +1,8 @@
-"""Recipes: YAML files describing model, calibration data, stages of steps, export
-and evaluation. Parsing validates everything up front and names the file, the stage,
-the step and the key of any problem.
+"""Recipes: YAML files describing model, calibration data, training data, stages of
+steps, export and evaluation. Parsing validates everything up front and names the file,
+the stage, the step and the key of any problem: unknown keys and bad values, a ``from:``
+or ``teacher:`` naming no earlier stage, a step that transforms the float model (prune,
+distill) after a quantizing step of the same chain of stages.
 
 Relative paths in a recipe are resolved against the recipe file's directory.
 """
@@ -14,7 +16,7 @@ from typing import Any, Literal
 import yaml
 
 from compress.config import ConfigError, check, from_dict, to_dict
-from compress.registry import get_method
+from compress.registry import METHODS, get_method
 from evals.eval_config import EvalConfig
 
 STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -41,6 +43,25 @@ class CalibrationConfig:
     def validate(self) -> None:
         check(self.samples > 0, "samples", f"must be > 0, got {self.samples}")
         check(self.seq_len > 1, "seq_len", f"must be > 1, got {self.seq_len}")
+
+
+@dataclass
+class TrainingConfig:
+    """Training data (distillation), apart from the calibration set: ``tokens`` tokens
+    in ``seq_len`` windows, shuffled with ``seed`` (compress/training_data.py)."""
+    files: list[str] = field(default_factory=list)
+    field: str = "text"                 # jsonl field holding the text
+    dataset: str | None = None          # "name[:config]:split" from the HF hub (online only)
+    tokens: int = 262144                # training tokens in all (windows repeat when the data is shorter)
+    seq_len: int = 256
+    seed: int = 0
+
+    def validate(self) -> None:
+        check(bool(self.files) or bool(self.dataset), "files",
+              "the training section needs data: give 'files' (text or jsonl) or a 'dataset'")
+        check(self.seq_len > 1, "seq_len", f"must be > 1, got {self.seq_len}")
+        check(self.tokens >= self.seq_len, "tokens",
+              f"must be at least seq_len ({self.seq_len}), got {self.tokens}")
 
 
 SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
@@ -77,11 +98,30 @@ class ExportConfig:
         return parse_size(self.max_shard_size)
 
 
+@dataclass(frozen=True)
+class TeacherRef:
+    """A step's teacher: an earlier stage's model (``stage``: 'base' or a stage name) or
+    a model directory (``path``, absolute)."""
+    stage: str | None = None
+    path: str | None = None
+
+    def directory(self, base_dir: str | Path, output: str | Path) -> str:
+        """The teacher's model directory, given the base model's and the run's output
+        directory (where stage ``x`` is exported to ``output/x``)."""
+        if self.path is not None:
+            return self.path
+        return str(base_dir if self.stage == "base" else Path(output) / self.stage)
+
+    def as_yaml(self) -> str:
+        return self.path if self.path is not None else self.stage
+
+
 @dataclass
 class Step:
     method: str
     config: Any
     where: str
+    teacher: TeacherRef = TeacherRef(stage="base")   # the stage's source unless the step names one
 
 
 @dataclass
@@ -102,6 +142,7 @@ class Recipe:
     export: ExportConfig
     eval: EvalConfig
     raw: dict
+    training: TrainingConfig | None = None     # no 'training:' section: none
 
     def resolve(self, p: str | None) -> str | None:
         """A recipe-relative path made absolute (hub ids and absolute paths unchanged)."""
@@ -131,19 +172,33 @@ class Recipe:
         doc = {
             "name": self.name, "seed": self.seed,
             "model": model, "calibration": calib,
-            "stages": [{"name": st.name, "from": st.source,
-                        "steps": [{"method": s.method, **to_dict(s.config)} for s in st.steps]}
+        }
+        if self.training is not None:
+            training = to_dict(self.training)
+            training["files"] = [self.resolve(f) for f in training["files"]]
+            doc["training"] = training
+        doc.update({
+            "stages": [{"name": st.name, "from": st.source, "steps": [_step_yaml(s) for s in st.steps]}
                        for st in self.stages],
             "export": to_dict(self.export), "eval": ev,
-        }
+        })
         return (f"# resolved from {self.path}: defaults filled in, paths made absolute\n"
                 + yaml.safe_dump(doc, sort_keys=False))
 
 
-TOP_KEYS = {"name", "seed", "model", "calibration", "steps", "stages", "export", "eval"}
+def _step_yaml(step: Step) -> dict:
+    doc = {"method": step.method, **to_dict(step.config)}
+    if get_method(step.method).uses_teacher:
+        doc["teacher"] = step.teacher.as_yaml()
+    return doc
 
 
-def _parse_steps(raw_steps: Any, where: str) -> list[Step]:
+TOP_KEYS = {"name", "seed", "model", "calibration", "training", "steps", "stages", "export", "eval"}
+
+
+def _parse_steps(raw_steps: Any, where: str, source: str, earlier: list[str], recipe_dir: Path) -> list[Step]:
+    """A stage's steps; ``source``: the stage it starts from, ``earlier``: the stages
+    before it (a ``teacher:`` may name those or 'base')."""
     if not isinstance(raw_steps, list) or not raw_steps:
         raise ConfigError("'steps' must be a non-empty list of {method: NAME, ...}", where)
     steps = []
@@ -158,8 +213,47 @@ def _parse_steps(raw_steps: Any, where: str) -> list[Step]:
             raise ConfigError(exc.args[0], f"{step_where}.method") from None
         body = {k: v for k, v in raw.items() if k != "method"}
         step_where = f"{step_where} ({name})"
-        steps.append(Step(name, from_dict(method.config_class, body, step_where), step_where))
+        teacher = TeacherRef(stage=source)
+        if method.uses_teacher and "teacher" in body:     # other methods' configs refuse the key
+            teacher = _resolve_teacher(body.pop("teacher"), earlier, recipe_dir, f"{step_where}.teacher")
+        steps.append(Step(name, from_dict(method.config_class, body, step_where), step_where, teacher))
     return steps
+
+
+def _resolve_teacher(value: Any, earlier: list[str], recipe_dir: Path, where: str) -> TeacherRef:
+    """'base' or an earlier stage's name, else a model directory (recipe-relative) that exists."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"'teacher' must be a stage name or a model directory, got {value!r}", where)
+    if value == "base" or value in earlier:
+        return TeacherRef(stage=value)
+    path = Path(value).expanduser()
+    path = path if path.is_absolute() else (recipe_dir / path).resolve()
+    if path.is_dir():
+        return TeacherRef(path=str(path))
+    stages = ", ".join(["base", *earlier])
+    found = "is a file, not a model directory" if path.exists() else "does not exist"
+    raise ConfigError(f"teacher {value!r} names no earlier stage ({stages}) and {path} {found}", where)
+
+
+def _check_order(stages: list[Stage], where: str) -> None:
+    """No step transforms the float model (prune, distill) once a step of its chain of
+    stages (this stage, or those its ``from:`` runs through) has quantized it."""
+    quantized_by: dict[str, str | None] = {"base": None}     # stage -> its chain's first quantizing step
+    for stage in stages:
+        quantized = quantized_by[stage.source]
+        for step in stage.steps:
+            method = get_method(step.method)
+            if method.kind == "transform" and quantized is not None:
+                raise ConfigError(f"{step.method} transforms the float model, but {quantized} has quantized "
+                                  f"this chain already: put transform steps (prune, distill) before "
+                                  f"quantizing ones ({', '.join(_quantizing_methods())})", step.where)
+            if method.kind == "quantize" and quantized is None:
+                quantized = step.where.removeprefix(f"{where}: ")
+        quantized_by[stage.name] = quantized
+
+
+def _quantizing_methods() -> list[str]:
+    return sorted(name for name, m in METHODS.items() if m.kind == "quantize")
 
 
 def parse_recipe(data: Any, path: Path) -> Recipe:
@@ -202,7 +296,9 @@ def parse_recipe(data: Any, path: Path) -> Recipe:
             raise ConfigError(f"'from: {source}' names no earlier stage (earlier: base"
                               f"{''.join(', ' + s.name for s in stages)})", f"{st_where}.from")
         st_where = f"{where}: stage {st_name!r}"
-        stages.append(Stage(st_name, source, _parse_steps(raw.get("steps"), st_where)))
+        stages.append(Stage(st_name, source, _parse_steps(raw.get("steps"), st_where, source,
+                                                          [s.name for s in stages], path.parent)))
+    _check_order(stages, where)
 
     return Recipe(
         path=path, name=name, seed=seed,
@@ -212,6 +308,8 @@ def parse_recipe(data: Any, path: Path) -> Recipe:
         export=from_dict(ExportConfig, data.get("export"), f"{where}: export"),
         eval=from_dict(EvalConfig, data.get("eval"), f"{where}: eval"),
         raw=data,
+        training=(None if data.get("training") is None
+                  else from_dict(TrainingConfig, data["training"], f"{where}: training")),
     )
 
 

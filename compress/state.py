@@ -35,3 +35,6 @@ class StepContext:
     seed: int = 0
     progress: bool = True
     stats: dict = field(default_factory=dict)    # what a step measured, by method (kept in the stage result)
+    # the teacher model's directory (distillation): the stage's source unless the step names
+    # one (recipe 'teacher:', resolved by compress/recipe.py to TeacherRef.directory)
+    teacher: str | None = None
