@@ -82,6 +82,9 @@ def _slices(arch: ArchSpec, config, spec: ChannelGroup, units: dict[str, torch.T
             continue                      # the same tensor as ``tied_to``, cut there
         index = _unit_rows(member, units, arch, spec)
         if member.scope == "model":
+            if spec.kind != "hidden_channel":
+                raise ValueError(f"{arch.model_type}: channel group {spec.name!r} is chosen per block, "
+                                 f"but lists {member.tensor!r} outside the blocks")
             yield TensorSlice(member.tensor, member.axis, index[0].clone())
         else:
             for block in range(config.num_hidden_layers):
