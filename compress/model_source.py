@@ -18,6 +18,7 @@ from compress.errors import UserError
 from compress.io.formats import CheckpointFormatError, decode_quantized, group_tensor_names
 from compress.io.safetensors_files import SafetensorsError, TensorStore
 from compress.io.schemes import QuantizedWeight
+from compress.tensor_checks import all_finite, count_nonfinite
 
 MANIFEST_NAME = "compress_manifest.json"
 
@@ -39,13 +40,6 @@ def stored_dtype(directory: Path, store: TensorStore) -> torch.dtype:
                 and getattr(torch, name).is_floating_point:
             return getattr(torch, name)
     return store.first_float_dtype() or torch.float32
-
-
-def all_finite(t: torch.Tensor, chunk: int = 1 << 22) -> bool:
-    """``torch.isfinite(t).all()`` in slices: the one-shot form makes temporaries several
-    times the tensor's size (a 131 MB lm_head peaked 220 MB above itself)."""
-    flat = t.reshape(-1)
-    return all(bool(torch.isfinite(flat[i:i + chunk]).all()) for i in range(0, flat.numel(), chunk))
 
 
 class ModelSource:
@@ -106,7 +100,7 @@ class ModelSource:
         if t.is_floating_point():
             t = t.to(self.dtype)
             if not all_finite(t):
-                raise SourceError(f"{self.directory}: tensor {name!r} contains NaN/Inf")
+                raise SourceError(f"{self.directory}: tensor {name!r} has {count_nonfinite(t)} NaN/Inf value(s)")
             if compute_dtype is not None:
                 t = t.to(compute_dtype)
         return t
