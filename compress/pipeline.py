@@ -89,6 +89,7 @@ def compress_stages(recipe: Recipe, output: Path, progress: bool = True, log=pri
                          finish_kwargs=dict(tokenizer=tokenizer_source, recipe_text=resolved,
                                             extra_manifest={"stage": stage.name, "source": stage.source},
                                             generation_config=generation_config),
+                         teacher_of=lambda step: step.teacher.directory(model_dir, output),
                          progress=progress, log=log)
         results.append(StageResult(stage.name, str(out_dir), time.perf_counter() - t0, done.quantized_layers,
                                    done.stats))

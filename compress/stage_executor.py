@@ -145,15 +145,17 @@ class StageOutput:
 
 def run_stage(stage, skeleton: nn.Module, arch, source: ModelSource, out_dir: Path,
               calibration: Callable[[], torch.Tensor], *, seed: int, dense_dtype: torch.dtype,
-              max_shard_bytes: int, finish_kwargs: dict[str, Any], progress: bool = True,
-              log=print) -> StageOutput:
-    """Apply ``stage``'s steps to ``source`` block by block and export to ``out_dir``."""
+              max_shard_bytes: int, finish_kwargs: dict[str, Any], teacher_of: Callable | None = None,
+              progress: bool = True, log=print) -> StageOutput:
+    """Apply ``stage``'s steps to ``source`` block by block and export to ``out_dir``.
+    ``teacher_of(step)``: the directory of the step's teacher model."""
     from tqdm.auto import tqdm
 
     stats: dict = {}
     steps = []
     for step in stage.steps:
-        ctx = StepContext(where=step.where, calibration=calibration, seed=seed, progress=progress, stats=stats)
+        ctx = StepContext(where=step.where, calibration=calibration, seed=seed, progress=progress, stats=stats,
+                          teacher=teacher_of(step) if teacher_of is not None else None)
         with step_errors(step.where):
             steps.append((step, get_method(step.method).step(skeleton, arch, step.config, ctx)))
     loader = Materializer(skeleton, source)

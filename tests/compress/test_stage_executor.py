@@ -130,3 +130,37 @@ def test_a_model_too_big_for_the_machine_fails_before_any_work(tmp_path, monkeyp
     with pytest.raises(memory_estimate.MemoryEstimateError, match=r"needs about 0\.\d GB .*0\.1 GB available"):
         compress_stages(recipe, tmp_path / "out", **QUIET)
     assert not (tmp_path / "out").exists()
+
+
+def test_each_step_gets_its_teacher_directory(tmp_path, monkeypatch):
+    """A step's context carries its teacher: the stage's source by default, or the stage
+    or directory the step names."""
+    from dataclasses import dataclass
+
+    from compress import registry
+    from compress.block_steps import BlockStep
+
+    seen = []
+
+    @dataclass
+    class WatchConfig:
+        teacher: str | None = None
+
+    class Watch(BlockStep):
+        def __init__(self, model, arch, config, ctx):
+            super().__init__({}, [])
+            seen.append(ctx.teacher)
+
+    def never(*_):
+        raise AssertionError("whole-model path not used by compress_stages")
+
+    monkeypatch.setitem(registry.METHODS, "watch", registry.Method(
+        "watch", WatchConfig, never, Watch, False, "records its teacher", kind="transform", uses_teacher=True))
+    model_dir = make_tiny_model(tmp_path / "m", "llama")
+    stages = [{"name": "a", "steps": [{"method": "watch"}]},
+              {"name": "b", "from": "a", "steps": [{"method": "watch"}, {"method": "watch", "teacher": "base"}]}]
+    recipe = recipe_at(tmp_path, model_dir, stages)
+    compress_stages(recipe, tmp_path / "out", **QUIET)
+    assert seen == [str(model_dir), str(tmp_path / "out" / "a"), str(model_dir)]
+    torch.testing.assert_close(load_checkpoint(tmp_path / "out" / "b").dense["model.norm.weight"],
+                               load_checkpoint(model_dir).dense["model.norm.weight"])
