@@ -6,7 +6,9 @@ prefetcher at every page boundary: ~45,000 pages per token for a 185 MB model. L
 backs anonymous memory with 2 MiB pages where the process asks for them
 (``madvise(MADV_HUGEPAGE)``, which works under the default ``transparent_hugepage=madvise``),
 so after ``prepare()`` the runtime copies the tensors its kernels stream (packed weights,
-their scales) into one such region, in the order a decode step reads them.
+their scales) into such regions, in the order a decode step reads them. The model builder
+moves each layer as soon as it is prepared, into a :class:`HugePageArena`, so loading never
+holds the whole model twice.
 
 Where the platform has no ``MADV_HUGEPAGE`` (not Linux) nothing moves. The region is
 anonymous memory: pages are only committed as the copies touch them, and it is unmapped
@@ -22,6 +24,8 @@ import torch
 
 HUGE_PAGE = 2 << 20
 _ALIGN = 64  # each tensor starts on a cache line
+# A HugePageArena's regions: ~0.8% more at most (one partly filled 2 MiB page per region)
+REGION_BYTES = 256 << 20
 
 
 def _aligned(n: int, to: int = _ALIGN) -> int:
@@ -66,32 +70,56 @@ def huge_page_copy(t: torch.Tensor) -> torch.Tensor:
     return t if out is None else out.copy_(t)
 
 
-def relocate_to_huge_pages(modules: Iterable) -> int:
-    """Copies the streamed tensors of ``modules`` (each has ``relocate(place)``, which
-    passes every such tensor through ``place`` and keeps what it returns) into one 2 MiB
-    page region, in module order. Returns the bytes moved (0 when nothing moved)."""
-    modules = list(modules)
-    sizes: list[int] = []
+class HugePageArena:
+    """Places tensors back to back (each on a cache line) in regions of 2 MiB pages, in
+    the order they come: a region of ``region_bytes`` (address space only: its pages are
+    committed as copies touch them) and another when one is full. So a model moved layer
+    by layer as it is built lies in a few regions in decode order, and the memory it
+    commits beyond its tensors is at most the partly filled last 2 MiB page of each."""
 
-    def measure(t: torch.Tensor) -> torch.Tensor:
-        sizes.append(_aligned(t.numel() * t.element_size()))
-        return t
+    def __init__(self, region_bytes: int = REGION_BYTES):
+        self.region_bytes = region_bytes
+        self.moved = 0                  # bytes placed so far (aligned)
+        self._buf: torch.Tensor | None = None
+        self._offset = 0
+        self._unavailable = False       # the platform cannot advise 2 MiB pages
 
-    for module in modules:
-        module.relocate(measure)
-    total = sum(sizes)
-    buf = huge_page_buffer(total) if total else None
-    if buf is None:
-        return 0
-    offset = 0
-
-    def place(t: torch.Tensor) -> torch.Tensor:
-        nonlocal offset
-        view = _view(buf, offset, t.shape, t.dtype).copy_(t)
-        offset += _aligned(t.numel() * t.element_size())
+    def place(self, t: torch.Tensor) -> torch.Tensor:
+        """A copy of ``t`` in the arena, or ``t`` itself where the platform cannot advise
+        2 MiB pages."""
+        n = _aligned(t.numel() * t.element_size())
+        if self._buf is None or self._offset + n > self._buf.numel():
+            buf = None if self._unavailable else huge_page_buffer(max(n, self.region_bytes))
+            if buf is None:
+                self._unavailable = True
+                return t
+            self._buf, self._offset = buf, 0
+        view = _view(self._buf, self._offset, t.shape, t.dtype).copy_(t)
+        self._offset += n
+        self.moved += n
         return view
 
-    for module in modules:
-        module.relocate(place)
-    return total
 
+def relocate_to_huge_pages(modules: Iterable, arena: HugePageArena | None = None) -> int:
+    """Copies the streamed tensors of ``modules`` (each has ``relocate(place)``, which
+    passes every such tensor through ``place`` and keeps what it returns) into 2 MiB
+    pages, in module order: into ``arena`` when given, else into one region of exactly
+    their size. The old tensors are freed as they move (the modules held the only
+    references). Returns the bytes moved (0 when nothing moved)."""
+    modules = list(modules)
+    if arena is None:
+        sizes: list[int] = []
+
+        def measure(t: torch.Tensor) -> torch.Tensor:
+            sizes.append(_aligned(t.numel() * t.element_size()))
+            return t
+
+        for module in modules:
+            module.relocate(measure)
+        if not sum(sizes):
+            return 0
+        arena = HugePageArena(sum(sizes))
+    before = arena.moved
+    for module in modules:
+        module.relocate(arena.place)
+    return arena.moved - before

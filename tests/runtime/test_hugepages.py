@@ -10,12 +10,15 @@ import torch
 
 from compress.ops import native_available
 from compress.runtime import hugepages
-from compress.runtime.hugepages import HUGE_PAGE, huge_page_buffer, huge_page_copy, relocate_to_huge_pages
+from compress.runtime.hugepages import (HUGE_PAGE, HugePageArena, huge_page_buffer, huge_page_copy,
+                                        relocate_to_huge_pages)
 from compress.runtime.kv_cache import KVCache
 from compress.runtime.layers import LINEAR_TYPES, DenseLinear, Int4Linear, Int8Linear, Int8OutlierLinear
 from compress.runtime.model_runner import ModelRunner
 from compress.runtime.models.llama import build_model
 
+from compress.runtime.loading import open_checkpoint
+from runtime_models import save_model
 from test_decode_layer import checkpoint
 
 linux_only = pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"),
@@ -113,6 +116,29 @@ def test_relocation_without_huge_pages_moves_nothing(monkeypatch):
     assert [t.data_ptr() for layer in layers for t in _streamed(layer)] == ptrs
 
 
+@linux_only
+def test_arena_places_back_to_back_and_opens_a_region_when_full():
+    region = 3 * HUGE_PAGE
+    arena = HugePageArena(region)
+    g = torch.Generator().manual_seed(0)
+    sources = [torch.randint(-100, 100, (n,), dtype=dtype, generator=g)
+               for n, dtype in [(1000, torch.int32), (5, torch.int8), (0, torch.int32),
+                                (HUGE_PAGE // 2, torch.int32), (HUGE_PAGE, torch.int16)]]
+    placed = [arena.place(t) for t in sources]
+    sizes = [-(-t.numel() * t.element_size() // 64) * 64 for t in sources]
+    for src, new in zip(sources, placed):
+        assert new.dtype == src.dtype and new.shape == src.shape and torch.equal(new, src)
+    first = placed[0].data_ptr()
+    assert first % HUGE_PAGE == 0 and advised_for_huge_pages(placed[0])
+    # back to back, each on a cache line, while they fit the region (4 MiB + 4 KiB of 6 MiB) ...
+    for i in (1, 3):
+        assert placed[i].data_ptr() == first + sum(sizes[:i])
+    # ... then a new region for the 4 MiB that would not fit
+    last = placed[4].data_ptr()
+    assert not first <= last < first + region and last % HUGE_PAGE == 0 and advised_for_huge_pages(placed[4])
+    assert arena.moved == sum(sizes)
+
+
 @pytest.mark.skipif(not native_available("cpu"), reason="native CPU kernels not built")
 @linux_only
 @pytest.mark.parametrize("scheme", ["w4a16", "w8a8", "dense"])
@@ -120,6 +146,9 @@ def test_model_in_huge_pages_decodes_the_same(tokenizer, scheme):
     models = {hp: build_model(checkpoint("llama", scheme, len(tokenizer)), huge_pages=hp) for hp in (False, True)}
     linears = [m for m in models[True].modules() if isinstance(m, LINEAR_TYPES)]
     assert all(advised_for_huge_pages(t) for layer in linears for t in _streamed(layer))
+    # moved layer by layer as built, into one arena: in the order a decode step reads them
+    ptrs = [t.data_ptr() for layer in linears for t in _streamed(layer)]
+    assert ptrs == sorted(ptrs)
     plain = next(m for m in models[False].modules() if isinstance(m, LINEAR_TYPES))
     assert not advised_for_huge_pages(_streamed(plain)[0])
     prompt = [[5, 9, 13, 21, 8, 40, 3]]
@@ -144,3 +173,18 @@ def test_kv_cache_on_cpu_is_zeroed_huge_page_memory():
     cache.keep([1], 5)
     assert torch.equal(cache.layer(2)[0][0, :, :5], torch.full((2, 5, 16), 2.0))
 
+
+
+@pytest.mark.skipif(not native_available("cpu"), reason="native CPU kernels not built")
+@linux_only
+def test_tied_embedding_is_the_moved_head(tmp_path, tokenizer):
+    """With tied embeddings the embedding and the head are one tensor, in 2 MiB pages
+    (not the checkpoint's copy beside the moved one)."""
+    path, hf = save_model(tmp_path, "llama", tokenizer, tie_word_embeddings=True)
+    model = build_model(open_checkpoint(path))
+    assert model.embed.data_ptr() == model.lm_head.weight.data_ptr() and advised_for_huge_pages(model.embed)
+    ids = torch.tensor([[5, 9, 13, 21]])
+    with torch.no_grad():
+        want = hf(ids).logits
+        got = model.logits(model(ids, torch.arange(4).unsqueeze(0)))
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

@@ -18,7 +18,8 @@ from torch import nn
 from compress.architectures import ArchSpec, get_arch
 from compress.ops import _cpu_module, get_op, native_available
 from compress.ops.reference import apply_rope
-from compress.runtime.hugepages import relocate_to_huge_pages
+from compress.runtime.heap import release_free_heap
+from compress.runtime.hugepages import HugePageArena, relocate_to_huge_pages
 from compress.runtime.layers import LAYER_CLASSES, LINEAR_TYPES, Int4Linear, fuse_linears
 from compress.w4_activations import DEFAULT_W4_ACTIVATIONS, check_w4_activations
 from compress.runtime.models.rope import inverse_frequencies, rope_tables
@@ -326,8 +327,9 @@ def build_model(ckpt, dtype: torch.dtype = torch.float32, device="cpu", kernels:
     """Our decoder for a checkpoint (``config``, ``dense``, ``quantized``). ``fuse``: q/k/v
     and gate/up run as one linear each where their schemes allow it. ``huge_pages``: on
     the native CPU kernels, the prepared weights move into 2 MiB pages, in the order a
-    decode step reads them (``runtime/hugepages.py``). ``w4_activations``: how int4 layers
-    treat their activations, "float" or "int8" (``compress/w4_activations.py``)."""
+    decode step reads them, each layer as soon as it is prepared (``runtime/hugepages.py``).
+    ``w4_activations``: how int4 layers treat their activations, "float" or "int8"
+    (``compress/w4_activations.py``)."""
     check_w4_activations(w4_activations)
     config = ckpt.config
     arch = get_arch(getattr(config, "model_type", None), where="config.json")
@@ -340,7 +342,27 @@ def build_model(ckpt, dtype: torch.dtype = torch.float32, device="cpu", kernels:
     eps = config.rms_norm_eps
     max_seq_len = max_seq_len or getattr(config, "max_position_embeddings", 4096)
     tensors = CheckpointTensors(ckpt, dtype, device)
+    arena = (HugePageArena() if huge_pages and kernels == "native" and torch.device(device).type == "cpu"
+             and native_available("cpu") else None)
 
+    def prepared(module: nn.Module) -> nn.Module:
+        """``module`` with its linears, norms and attention prepared for ``kernels`` and,
+        with an ``arena``, its linears' streamed tensors moved to 2 MiB pages: done module
+        by module as the model is built, so the tensors each step replaces are freed
+        (and their pages given back, ``runtime/heap.py``) before the next module is read."""
+        for m in module.modules():
+            if isinstance(m, Int4Linear):
+                m.activations = w4_activations
+            if isinstance(m, (*LINEAR_TYPES, RMSNorm, Attention)):
+                m.prepare(kernels)
+        if arena is not None:
+            relocate_to_huge_pages((m for m in module.modules() if isinstance(m, LINEAR_TYPES)), arena)
+        release_free_heap()
+        return module
+
+    # One decoder layer at a time, built, prepared and moved before the next is read: the
+    # checkpoint reads each tensor when asked for, so loading holds the prepared model plus
+    # about one layer's checkpoint tensors and intermediates.
     layers = []
     for i, window in enumerate(layer_windows(config, arch)):
         p = arch.block_prefix(i) + "."
@@ -349,26 +371,22 @@ def build_model(ckpt, dtype: torch.dtype = torch.float32, device="cpu", kernels:
                          n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, fuse=fuse)
         mlp = MLP(*(tensors.linear(p + name) for name in (arch.gate_proj, arch.up_proj, arch.down_proj)),
                   fuse=fuse)
-        layers.append(DecoderLayer(attn, mlp, RMSNorm(tensors.dense(p + arch.attn_norm + ".weight"), eps),
-                                   RMSNorm(tensors.dense(p + arch.mlp_norm + ".weight"), eps), window))
+        layers.append(prepared(DecoderLayer(attn, mlp, RMSNorm(tensors.dense(p + arch.attn_norm + ".weight"), eps),
+                                            RMSNorm(tensors.dense(p + arch.mlp_norm + ".weight"), eps), window)))
 
     embed = tensors.dense(arch.embed_tokens + ".weight")
     if arch.lm_head in ckpt.quantized or arch.lm_head + ".weight" in ckpt.dense:
-        lm_head = tensors.linear(arch.lm_head)
+        lm_head = prepared(tensors.linear(arch.lm_head))
     elif getattr(config, "tie_word_embeddings", False):
-        lm_head = LAYER_CLASSES["dense"](embed)
+        # the embedding is the head's weight: where the head moves, the embedding follows
+        # (one copy, not the checkpoint's and the moved one)
+        lm_head = prepared(LAYER_CLASSES["dense"](embed))
+        embed = lm_head.weight.data
     else:
         raise KeyError(f"checkpoint has no {arch.lm_head!r} weight and tie_word_embeddings is false")
-    norm = RMSNorm(tensors.dense(arch.final_norm + ".weight"), eps)
+    norm = prepared(RMSNorm(tensors.dense(arch.final_norm + ".weight"), eps))
     model = LlamaFamilyModel(embed, layers, norm, lm_head, inverse_frequencies(config, head_dim),
                              max_seq_len, n_kv, head_dim)
-    for module in model.modules():
-        if isinstance(module, Int4Linear):
-            module.activations = w4_activations
-        if isinstance(module, (*LINEAR_TYPES, RMSNorm, Attention)):
-            module.prepare(kernels)
-    if kernels == "native" and model.device.type == "cpu" and native_available("cpu") and huge_pages:
-        relocate_to_huge_pages(m for m in model.modules() if isinstance(m, LINEAR_TYPES))
     for layer in layers:
         layer.prepare_decode(kernels)
     model.fused_decode = all(layer.decode_args is not None for layer in layers)
