@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import torch
 
-from compress.ops.reference import pack_int4, unpack_int4
-
 PAD_K_MULTIPLE = 64
 
 
@@ -35,15 +33,30 @@ def pad_int4_in_features(qweight: torch.Tensor, zeros: torch.Tensor, group_size:
                          in_features: int) -> tuple[torch.Tensor, int]:
     """``(qweight [N, Kp/8], group size Kp)`` for a per-channel layer whose K needs
     padding (see the module doc), else the inputs unchanged. Idempotent: a qweight that
-    already holds Kp columns (a fused q/k/v of padded layers) is returned as it is."""
+    already holds Kp columns (a fused q/k/v of padded layers) is returned as it is.
+
+    Works on the packed words (the new tensor is the only allocation of its size): the
+    padding words are the row's zero point in all 8 nibbles, and a partly used last word
+    keeps its K % 8 low nibbles and takes the zero point in the others."""
     kp = padded_in_features(in_features, group_size, zeros.shape[1])
     if kp == in_features:
         return qweight, group_size
     if qweight.shape[1] * 8 == kp:
         return qweight, kp
-    codes = unpack_int4(qweight)[:, :in_features]
-    fill = zeros.to(codes.dtype).reshape(-1, 1).expand(-1, kp - in_features)
-    return pack_int4(torch.cat([codes, fill], dim=1)).contiguous(), kp
+    n, used = qweight.shape[0], -(-in_features // 8)
+    fill = _as_int32(zeros.reshape(n, 1).to(torch.int64) * 0x11111111)  # [N, 1]
+    out = fill.expand(n, kp // 8).contiguous()
+    out[:, :used] = qweight[:, :used]
+    if in_features % 8:
+        low = (1 << 4 * (in_features % 8)) - 1  # the nibbles below K in the last word
+        last = (qweight[:, used - 1].to(torch.int64) & low) | (fill[:, 0].to(torch.int64) & ~low & 0xFFFFFFFF)
+        out[:, used - 1] = _as_int32(last)
+    return out, kp
+
+
+def _as_int32(words: torch.Tensor) -> torch.Tensor:
+    """int64 values in 0 .. 2**32 - 1 -> the int32 with those 32 bits."""
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
 def pad_activations(x2d: torch.Tensor, k_padded: int) -> torch.Tensor:
