@@ -76,7 +76,8 @@ def test_loaded_checkpoint_reads_tensors_when_asked(export_dir, tiny_llama, monk
     ck = load_checkpoint(export_dir)
     reads = []
     real_read = safetensors_files.TensorStore.read
-    monkeypatch.setattr(safetensors_files.TensorStore, "read", lambda self, name: reads.append(name) or real_read(self, name))
+    monkeypatch.setattr(safetensors_files.TensorStore, "read",
+                        lambda self, name: reads.append(name) or real_read(self, name))
     assert "model.embed_tokens.weight" in ck.dense and "model.layers.0.mlp.up_proj" in ck.quantized
     assert "model.layers.0.mlp.up_proj.weight" not in ck.dense and "nope" not in ck.quantized
     assert set(ck.schemes.values()) == {"w4a16"} and len(ck.quantized) == 14
