@@ -192,11 +192,15 @@ def run_stage(stage, skeleton: nn.Module, arch, source: ModelSource, out_dir: Pa
                     writer.add_dense(full, param.data)
                 written.add(full)
 
-        def recorder(quantized: dict[str, QuantizedWeight]):
+        def recorder(quantized: dict[str, QuantizedWeight], sync: bool):
+            """``sync``: something runs this module again (a later step, or the calibration
+            stream), so its float weight becomes the quantized function; else the float
+            weight is left as it is (it is not written) and the dequantization skipped."""
             def record(name: str, module: nn.Linear, qw: QuantizedWeight) -> None:
                 quantized[name] = qw
-                with torch.no_grad():
-                    module.weight.copy_(qw.dequantize().to(module.weight.dtype))
+                if sync:
+                    with torch.no_grad():
+                        module.weight.copy_(qw.dequantize().to(module.weight.dtype))
             return record
 
         bar = tqdm(total=len(blocks), desc=f"{stage.name}: {'+'.join(s.method for s in stage.steps)}",
@@ -204,10 +208,11 @@ def run_stage(stage, skeleton: nn.Module, arch, source: ModelSource, out_dir: Pa
         for index, block in enumerate(blocks):
             prefix = f"{arch.layers}.{index}"
             quantized = loader.load(block, prefix)
-            record = recorder(quantized)
             for j, (step, runner) in enumerate(steps):
                 with step_errors(step.where):
                     if index in runner.per_block:
+                        later = any(index in r.per_block for _, r in steps[j + 1:])
+                        record = recorder(quantized, sync=later or (j in streams and index + 1 < len(blocks)))
                         runner.block(index, block, streams.get(j), record)
                     if j in streams and index + 1 < len(blocks):
                         streams[j] = advance(block, streams[j], index, arch)
@@ -224,10 +229,9 @@ def run_stage(stage, skeleton: nn.Module, arch, source: ModelSource, out_dir: Pa
         for name, takers in outside.items():
             module = skeleton.get_submodule(name)
             quantized = loader.load(module, name)
-            record = recorder(quantized)
-            for step, runner in takers:
+            for k, (step, runner) in enumerate(takers):
                 with step_errors(step.where):
-                    runner.outside_linear(name, module, record)
+                    runner.outside_linear(name, module, recorder(quantized, sync=k + 1 < len(takers)))
             write_module(module, name, quantized)
             loader.release(module)
             if getattr(config, "tie_word_embeddings", False) and name == arch.lm_head:
