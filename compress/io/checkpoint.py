@@ -24,6 +24,7 @@ from compress.io.formats import (FORMAT_NAME, SUPPORTED_FORMAT_VERSIONS, Checkpo
 from compress.io.safetensors_files import SafetensorsError, SafetensorsFile, TensorStore
 from compress.io.schemes import QuantizedWeight
 from compress.errors import UserError
+from compress.tensor_checks import all_finite, count_nonfinite
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -416,14 +417,7 @@ def load_checkpoint(path: str | os.PathLike, verify: bool = True, check_finite: 
                       tokenizer_path=tok, files=files, size_bytes=size)
 
 
-_FINITE_CHUNK = 1 << 22  # elements: torch.isfinite allocates ~1.75x its input (abs + masks)
-
-
 def _check_finite(name: str, t: torch.Tensor, file_name: str | None) -> None:
-    if not t.is_floating_point():
-        return
-    flat = t.reshape(-1)
-    bad = sum(int((~torch.isfinite(flat[i:i + _FINITE_CHUNK])).sum()) for i in range(0, flat.numel(), _FINITE_CHUNK))
-    if bad:
+    if not all_finite(t):
         where = f" in {file_name}" if file_name is not None else ""
-        raise CheckpointError(f"tensor '{name}'{where} has {bad} NaN/Inf value(s)")
+        raise CheckpointError(f"tensor '{name}'{where} has {count_nonfinite(t)} NaN/Inf value(s)")
