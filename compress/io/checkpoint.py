@@ -240,18 +240,53 @@ def _expected_tensor_names(config) -> list[tuple[str, bool]]:
 
 # ---------------------------------------------------------------- tensors, read when asked for
 
+class CheckpointFiles:
+    """A checkpoint directory's safetensors files (a ``TensorStore``: headers parsed,
+    tensors read on demand) that refuses to read from a file changed since it was opened
+    (replaced, rewritten): a checkpoint read lazily must not mix two versions of a file."""
+
+    def __init__(self, store: TensorStore):
+        self.store, self.directory = store, store.directory
+        self._stamps = {fname: _stamp(store.directory / fname) for fname in store.files}
+
+    def names(self) -> list[str]:
+        return self.store.names()
+
+    def file_of(self, name: str) -> str:
+        return self.store.location[name]
+
+    def entry(self, name: str):
+        return self.store.entry(name)
+
+    def read(self, name: str) -> torch.Tensor:
+        path = self.directory / self.store.location[name]
+        try:
+            if _stamp(path) != self._stamps[path.name]:
+                raise CheckpointError(f"{path} changed since the checkpoint was loaded; load it again")
+            return self.store.read(name)
+        except SafetensorsError as e:
+            raise CheckpointError(str(e)) from None
+        except OSError as e:
+            raise CheckpointError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
+def _stamp(path: Path) -> tuple[int, ...]:
+    st = path.stat()
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
 class DenseTensors(Mapping):
     """A checkpoint's unquantized tensors by name. Each access reads the tensor from its
     safetensors file into a new tensor (nothing is cached), so a checkpoint holds no
     weights: whoever reads a tensor owns it and frees it by dropping it."""
 
-    def __init__(self, store: TensorStore, names):
-        self._store, self._names = store, dict.fromkeys(names)
+    def __init__(self, files: CheckpointFiles, names):
+        self._files, self._names = files, dict.fromkeys(names)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._names:
             raise KeyError(name)
-        return _read(self._store, name)
+        return self._files.read(name)
 
     def __contains__(self, name) -> bool:  # by name: Mapping's default would read the tensor
         return name in self._names
@@ -263,16 +298,16 @@ class DenseTensors(Mapping):
         return len(self._names)
 
     def __repr__(self) -> str:
-        return f"DenseTensors({len(self)} tensors in {self._store.directory})"
+        return f"DenseTensors({len(self)} tensors in {self._files.directory})"
 
 
 class QuantizedWeights(Mapping):
     """A checkpoint's quantized linears by module path. Each access reads the module's
     tensors and decodes them into a new ``QuantizedWeight`` (nothing is cached)."""
 
-    def __init__(self, store: TensorStore, groups: dict[str, tuple[str, dict[str, str]]],
+    def __init__(self, files: CheckpointFiles, groups: dict[str, tuple[str, dict[str, str]]],
                  metas: dict[str, dict]):
-        self._store, self._groups, self._metas = store, groups, metas
+        self._files, self._groups, self._metas = files, groups, metas
 
     @property
     def schemes(self) -> dict[str, str]:
@@ -283,7 +318,7 @@ class QuantizedWeights(Mapping):
         if mod not in self._groups:
             raise KeyError(mod)
         scheme, locs = self._groups[mod]
-        return self._decode(mod, {local: _read(self._store, full) for local, full in locs.items()})
+        return self._decode(mod, {local: self._files.read(full) for local, full in locs.items()})
 
     def __contains__(self, mod) -> bool:  # by name: Mapping's default would read the tensors
         return mod in self._groups
@@ -295,9 +330,9 @@ class QuantizedWeights(Mapping):
         scheme, locs = self._groups[mod]
         local = {}
         for name, full in locs.items():
-            e = self._store.entry(full)
+            e = self._files.entry(full)
             local[name] = (torch.empty(e.shape, dtype=e.dtype, device="meta") if name in _PAYLOAD_NAMES
-                           else _read(self._store, full))
+                           else self._files.read(full))
         try:
             self._decode(mod, local)
         except (NotImplementedError, RuntimeError):  # the decoder read a stand-in's values
@@ -307,7 +342,7 @@ class QuantizedWeights(Mapping):
         try:
             return decode_quantized(mod, self._groups[mod][0], local, self._metas[mod])
         except CheckpointFormatError as e:
-            raise CheckpointError(f"{self._store.directory}: {e}") from None
+            raise CheckpointError(f"{self._files.directory}: {e}") from None
 
     def __iter__(self):
         return iter(self._groups)
@@ -316,20 +351,13 @@ class QuantizedWeights(Mapping):
         return len(self._groups)
 
     def __repr__(self) -> str:
-        return f"QuantizedWeights({len(self)} modules in {self._store.directory})"
+        return f"QuantizedWeights({len(self)} modules in {self._files.directory})"
 
 
 _PAYLOAD_NAMES = ("weight_packed", "weight")  # a quantized module's packed int4 / int8 weights
 
 
-def _read(store: TensorStore, name: str) -> torch.Tensor:
-    try:
-        return store.read(name)
-    except SafetensorsError as e:
-        raise CheckpointError(str(e)) from None
-
-
-def _open_store(path: Path, weight_files: list[Path]) -> TensorStore:
+def _open_files(path: Path, weight_files: list[Path]) -> CheckpointFiles:
     """The directory's tensors by name (headers only). A file whose header does not fit
     it is named as truncated or corrupted; the store then checks files against the index."""
     for f in weight_files:
@@ -339,7 +367,7 @@ def _open_store(path: Path, weight_files: list[Path]) -> TensorStore:
             reason = str(e).removeprefix(f"{f}: ")
             raise CheckpointError(f"{f}: truncated or corrupted safetensors file ({reason})") from None
     try:
-        return TensorStore(path)
+        return CheckpointFiles(TensorStore(path))
     except SafetensorsError as e:
         raise CheckpointError(str(e)) from None
 
@@ -361,11 +389,9 @@ def load_checkpoint(path: str | os.PathLike, verify: bool = True, check_finite: 
     if manifest is not None and verify:
         files = verify_files(path, manifest, strict=True)
     weight_files, _ = find_weight_files(path)
-    store = _open_store(path, weight_files)
-    entries = {name: store.entry(name) for name in store.names()}
-
-    def origin(name: str) -> str:
-        return store.location[name]
+    weights = _open_files(path, weight_files)
+    entries = {name: weights.entry(name) for name in weights.names()}
+    origin = weights.file_of
 
     dense_names, groups = group_tensor_names({k: e.dtype for k, e in entries.items()})
     layers_meta = (manifest or {}).get("layers", {})
@@ -381,7 +407,7 @@ def load_checkpoint(path: str | os.PathLike, verify: bool = True, check_finite: 
             if isinstance(qc, dict) and "llm_int8_threshold" in qc:
                 meta["threshold"] = qc["llm_int8_threshold"]
         metas[mod] = meta
-    quantized = QuantizedWeights(store, groups, metas)
+    quantized = QuantizedWeights(weights, groups, metas)
     for mod in groups:
         quantized.check(mod)
     for mod, entry in layers_meta.items():
@@ -395,7 +421,7 @@ def load_checkpoint(path: str | os.PathLike, verify: bool = True, check_finite: 
         if k.rpartition(".")[2] in ("weight_packed", "weight_scale", "weight_zero_point", "SCB", "weight_shape"):
             raise CheckpointError(f"tensor '{k}' in {origin(k)} looks quantized but its module is not "
                                   "in a supported layout")
-    dense = DenseTensors(store, dense_names)
+    dense = DenseTensors(weights, dense_names)
 
     for name, is_linear in _expected_tensor_names(config):
         present = (name in groups or f"{name}.weight" in dense) if is_linear else name in dense
@@ -406,7 +432,7 @@ def load_checkpoint(path: str | os.PathLike, verify: bool = True, check_finite: 
     if check_finite:
         for k, e in entries.items():
             if e.dtype.is_floating_point:
-                _check_finite(k, _read(store, k), origin(k))
+                _check_finite(k, weights.read(k), origin(k))
 
     tok = path if any((path / m).is_file() for m in TOKENIZER_MARKERS) else None
     if not files:

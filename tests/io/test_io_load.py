@@ -94,6 +94,21 @@ def test_loaded_checkpoint_reads_tensors_when_asked(export_dir, tiny_llama, monk
         ck.dense["model.layers.0.mlp.up_proj.weight"]
 
 
+def test_reading_from_a_replaced_file_is_refused(export_dir):
+    """A checkpoint reads lazily: a weights file replaced after loading (even with the same
+    bytes) is refused by name rather than mixed into what was already read."""
+    ck = load_checkpoint(export_dir)
+    f = export_dir / "model.safetensors"
+    data = f.read_bytes()
+    f.unlink()
+    f.write_bytes(data)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors changed since the checkpoint was loaded"):
+        ck.dense["model.norm.weight"]
+    with pytest.raises(CheckpointError, match="changed since"):
+        ck.quantized["model.layers.0.mlp.up_proj"]
+    assert load_checkpoint(export_dir).dense["model.norm.weight"].shape == (256,)  # loaded again: reads
+
+
 def test_sharded_export_names_a_missing_shard(tmp_path, tiny_llama):
     cfg, sd = tiny_llama
     dense, q = split_model(sd, {m: w8a8_rtn for m in all_linears()})
