@@ -15,6 +15,8 @@ checkpoint needs no conversion to be run by the reference):
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
 INT8_MAX = 127.0
@@ -28,15 +30,19 @@ def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:
 
 
 def pack_int4(nibbles: torch.Tensor) -> torch.Tensor:
-    """uint8 ``[N, K]`` of unsigned nibbles (0..15) -> int32 ``[N, K/8]``."""
+    """uint8 ``[N, K]`` of unsigned nibbles (0..15) -> int32 ``[N, K/8]``: nibble ``j`` of
+    a word is column ``8w + j``, bits ``4j..4j+3``."""
     n, k = nibbles.shape
     if k % 8:
         raise ValueError(f"int4 packing needs K divisible by 8, got K={k}")
+    if sys.byteorder == "little":
+        # two nibbles per byte, four bytes per word: the bytes of a little-endian int32
+        pairs = nibbles.to(torch.uint8).reshape(n, k // 2, 2)
+        return (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous().view(torch.int32)
     vals = nibbles.to(torch.int64).reshape(n, k // 8, 8)
     shifts = torch.arange(0, 32, 4, device=nibbles.device, dtype=torch.int64)
     words = (vals << shifts).sum(-1)
-    # reinterpret the low 32 bits as signed int32
-    words = torch.where(words >= 2**31, words - 2**32, words)
+    words = torch.where(words >= 2**31, words - 2**32, words)   # the low 32 bits as signed int32
     return words.to(torch.int32)
 
 
