@@ -12,15 +12,14 @@ glibc) this does nothing.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 
 
 @functools.cache
 def _malloc_trim():
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or None).malloc_trim
-    except (OSError, AttributeError):
+    try:  # the process's own symbols, the C library's among them (no library search)
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError, TypeError):
         return None
 
 
