@@ -143,40 +143,95 @@ class StageOutput:
     stats: dict = field(default_factory=dict)
 
 
+class ModelTransform:
+    """A step that rewrites the float model as a whole (a ``transform`` method: prune,
+    distill) instead of working block by block. ``run`` reads ``source`` (through
+    :class:`Materializer` and :func:`first_block_inputs` for calibrated passes, block by
+    block), writes the new dense model's tensors into ``writer`` and returns its config.
+    The executor runs a stage's transforms first (the recipe refuses a transform after a
+    quantizing step), each into a temporary export that the next step reads."""
+
+    def run(self, source: ModelSource, skeleton: nn.Module, arch, calibration: Callable[[], torch.Tensor],
+            writer: CheckpointWriter):
+        raise NotImplementedError
+
+
+def first_block_inputs(skeleton: nn.Module, arch, source: ModelSource, ids: torch.Tensor,
+                       batch_size: int) -> BlockInputs:
+    """What decoder block 0 receives for calibration ``ids``: the embedding rows read as
+    stored (never the whole table in float32), the rotary tables and masks of the skeleton."""
+    weight = skeleton.get_submodule(arch.embed_tokens).weight
+    table = source.weight(Materializer(skeleton, source).source_name(f"{arch.embed_tokens}.weight", weight))
+
+    def embed(batch: torch.Tensor) -> torch.Tensor:
+        return nn.functional.embedding(batch, table).to(COMPUTE_DTYPE)
+
+    return capture_first_block_inputs(skeleton, arch, ids, batch_size, embed)
+
+
 def run_stage(stage, skeleton: nn.Module, arch, source: ModelSource, out_dir: Path,
               calibration: Callable[[], torch.Tensor], *, seed: int, dense_dtype: torch.dtype,
               max_shard_bytes: int, finish_kwargs: dict[str, Any], teacher_of: Callable | None = None,
               progress: bool = True, log=print) -> StageOutput:
-    """Apply ``stage``'s steps to ``source`` block by block and export to ``out_dir``.
-    ``teacher_of(step)``: the directory of the step's teacher model."""
-    from tqdm.auto import tqdm
+    """Apply ``stage``'s steps to ``source`` and export to ``out_dir``: its transform
+    steps first, each into a temporary export beside ``out_dir``, then its block steps,
+    block by block. ``teacher_of(step)``: the directory of the step's teacher model."""
+    import shutil
 
     stats: dict = {}
-    steps = []
-    for step in stage.steps:
-        ctx = StepContext(where=step.where, calibration=calibration, seed=seed, progress=progress, stats=stats,
-                          teacher=teacher_of(step) if teacher_of is not None else None)
-        with step_errors(step.where):
-            steps.append((step, get_method(step.method).step(skeleton, arch, step.config, ctx)))
+
+    def context(step) -> StepContext:
+        return StepContext(where=step.where, calibration=calibration, seed=seed, progress=progress, stats=stats,
+                           teacher=teacher_of(step) if teacher_of is not None else None)
+
+    transforms = [st for st in stage.steps if get_method(st.method).kind == "transform"]
+    rest = stage.steps[len(transforms):]
+    if any(get_method(st.method).kind == "transform" for st in rest):
+        raise ConfigError("a transform step cannot follow a quantizing step", rest[0].where)
+    temps: list[Path] = []
+    try:
+        for k, step in enumerate(transforms):
+            last = k + 1 == len(transforms) and not rest
+            target = out_dir if last else out_dir.parent / f".{out_dir.name}.step{k + 1}"
+            with step_errors(step.where):
+                transform = get_method(step.method).step(skeleton, arch, step.config, context(step))
+                log(f"[{stage.name}] {step.method}")
+                with CheckpointWriter(target, dense_dtype, max_shard_bytes) as writer:
+                    config = transform.run(source, skeleton, arch, calibration, writer)
+                    writer.finish(config, **finish_kwargs)
+            if last:
+                return StageOutput(0, stats)
+            temps.append(target)
+            source = ModelSource(target, source.dtype)
+            skeleton = build_skeleton(config, arch)
+        steps = []
+        for step in rest:
+            with step_errors(step.where):
+                steps.append((step, get_method(step.method).step(skeleton, arch, step.config, context(step))))
+        return _run_block_steps(stage, steps, skeleton, arch, source, out_dir, calibration, stats,
+                                dense_dtype, max_shard_bytes, finish_kwargs, progress)
+    finally:
+        for t in temps:
+            shutil.rmtree(t, ignore_errors=True)
+
+
+def _run_block_steps(stage, steps, skeleton, arch, source, out_dir, calibration, stats, dense_dtype,
+                     max_shard_bytes, finish_kwargs, progress) -> StageOutput:
+    from tqdm.auto import tqdm
+
     loader = Materializer(skeleton, source)
     blocks = skeleton.get_submodule(arch.layers)
     streams: dict[int, BlockInputs] = {}
     calibrated = [j for j, (_, s) in enumerate(steps) if s.calibrated and s.per_block]
     if calibrated:
         ids = calibration()
-        weight = skeleton.get_submodule(arch.embed_tokens).weight
-        table = source.weight(loader.source_name(f"{arch.embed_tokens}.weight", weight))   # as stored
-
-        def embed(batch: torch.Tensor) -> torch.Tensor:
-            return nn.functional.embedding(batch, table).to(COMPUTE_DTYPE)
-
         by_batch: dict[int, BlockInputs] = {}
         for j in calibrated:
             bs = steps[j][1].batch_size
             if bs not in by_batch:
-                by_batch[bs] = capture_first_block_inputs(skeleton, arch, ids, bs, embed)
+                by_batch[bs] = first_block_inputs(skeleton, arch, source, ids, bs)
             streams[j] = by_batch[bs]
-        del by_batch, table
+        del by_batch
 
     config = skeleton.config
     with CheckpointWriter(out_dir, dense_dtype, max_shard_bytes) as writer:
@@ -203,7 +258,7 @@ def run_stage(stage, skeleton: nn.Module, arch, source: ModelSource, out_dir: Pa
                         module.weight.copy_(qw.dequantize().to(module.weight.dtype))
             return record
 
-        bar = tqdm(total=len(blocks), desc=f"{stage.name}: {'+'.join(s.method for s in stage.steps)}",
+        bar = tqdm(total=len(blocks), desc=f"{stage.name}: {'+'.join(st.method for st, _ in steps)}",
                    unit="block", disable=not progress)
         for index, block in enumerate(blocks):
             prefix = f"{arch.layers}.{index}"

@@ -132,35 +132,48 @@ def test_a_model_too_big_for_the_machine_fails_before_any_work(tmp_path, monkeyp
     assert not (tmp_path / "out").exists()
 
 
-def test_each_step_gets_its_teacher_directory(tmp_path, monkeypatch):
-    """A step's context carries its teacher: the stage's source by default, or the stage
-    or directory the step names."""
+def test_transforms_run_first_with_their_teacher_then_block_steps(tmp_path, monkeypatch):
+    """A transform step (a whole-model rewrite, as prune and distill are) gets its
+    teacher's directory (the stage's source unless the step names one); its output is
+    what the stage's next step reads, through a temporary export that is removed."""
     from dataclasses import dataclass
 
     from compress import registry
-    from compress.block_steps import BlockStep
+    from compress.stage_executor import ModelTransform
 
     seen = []
 
     @dataclass
-    class WatchConfig:
-        teacher: str | None = None
+    class DoubleNormConfig:
+        pass
 
-    class Watch(BlockStep):
+    class DoubleNorm(ModelTransform):
         def __init__(self, model, arch, config, ctx):
-            super().__init__({}, [])
             seen.append(ctx.teacher)
+
+        def run(self, source, skeleton, arch, calibration, writer):
+            for name in source.names():
+                t = source.weight(name)
+                writer.add_dense(name, t * 2 if name == "model.norm.weight" else t)
+            return skeleton.config
 
     def never(*_):
         raise AssertionError("whole-model path not used by compress_stages")
 
-    monkeypatch.setitem(registry.METHODS, "watch", registry.Method(
-        "watch", WatchConfig, never, Watch, False, "records its teacher", kind="transform", uses_teacher=True))
+    monkeypatch.setitem(registry.METHODS, "double_norm", registry.Method(
+        "double_norm", DoubleNormConfig, never, DoubleNorm, False, "doubles the final norm", kind="transform",
+        uses_teacher=True))
     model_dir = make_tiny_model(tmp_path / "m", "llama")
-    stages = [{"name": "a", "steps": [{"method": "watch"}]},
-              {"name": "b", "from": "a", "steps": [{"method": "watch"}, {"method": "watch", "teacher": "base"}]}]
+    stages = [{"name": "a", "steps": [{"method": "double_norm"}]},
+              {"name": "b", "from": "a", "steps": [{"method": "double_norm"}, {"method": "double_norm", "teacher": "base"},
+                                                   {"method": "rtn", "bits": 8}]}]
     recipe = recipe_at(tmp_path, model_dir, stages)
     compress_stages(recipe, tmp_path / "out", **QUIET)
     assert seen == [str(model_dir), str(tmp_path / "out" / "a"), str(model_dir)]
-    torch.testing.assert_close(load_checkpoint(tmp_path / "out" / "b").dense["model.norm.weight"],
-                               load_checkpoint(model_dir).dense["model.norm.weight"])
+    base = load_checkpoint(model_dir)
+    torch.testing.assert_close(load_checkpoint(tmp_path / "out" / "a").dense["model.norm.weight"],
+                               2 * base.dense["model.norm.weight"])
+    b = load_checkpoint(tmp_path / "out" / "b")
+    torch.testing.assert_close(b.dense["model.norm.weight"], 8 * base.dense["model.norm.weight"])
+    assert len(b.quantized) == 14
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a", "b"]     # no temporary left
