@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
+from pruning.prune import PruneConfig, apply_prune, check_prune_targets, prune_step
 from quantizers.awq import AWQConfig, AWQStep, apply_awq
 from quantizers.llm_int8 import LLMInt8Config, LLMInt8Step, apply_llm_int8
 from quantizers.rtn import RTNConfig, RTNStep, apply_rtn
@@ -46,6 +47,9 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("awq", AWQConfig, apply_awq, AWQStep, True,
            "AWQ: activation-aware scales folded into the previous op, clip search, "
            "groupwise / per-channel int4 W4A16", check_int4_group_size, kind="quantize"),
+    Method("prune", PruneConfig, apply_prune, prune_step, True,
+           "Minitron structural pruning: hidden / MLP / heads / blocks cut by calibrated importance "
+           "(or seeded random indices) to a smaller dense model", check_prune_targets, kind="transform"),
 )}
 
 

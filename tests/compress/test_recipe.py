@@ -109,9 +109,9 @@ RTN = ("rtn", {"bits": 8})
 SHRINK = ("shrink", {})
 
 
-def test_builtin_methods_quantize():
+def test_builtin_methods_declare_their_kind():
     assert {name: m.kind for name, m in registry.METHODS.items()} == {
-        "rtn": "quantize", "llm_int8": "quantize", "awq": "quantize"}
+        "rtn": "quantize", "llm_int8": "quantize", "awq": "quantize", "prune": "transform"}
 
 
 @pytest.mark.parametrize("stages", [
