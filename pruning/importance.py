@@ -51,9 +51,11 @@ class ChannelScore:
         self.count = 0
 
     def update(self, x: torch.Tensor) -> None:
-        a = x.detach().abs().to(torch.float64)
-        per_sample = (a.mean(dim=1) if self.sequence == "mean" else
-                      a.pow(2).sum(dim=1).sqrt() if self.sequence == "l2" else a.amax(dim=1))  # [batch, channels]
+        # |x| reduced over the sequence in the activations' dtype (no |x| temporary), [batch, channels]
+        order = {"mean": 1, "l2": 2, "max": float("inf")}[self.sequence]
+        per_sample = torch.linalg.vector_norm(x.detach(), ord=order, dim=1).to(torch.float64)
+        if self.sequence == "mean":
+            per_sample /= x.shape[1]
         if self.samples == "l2":
             part = per_sample.pow(2).sum(dim=0)
         elif self.samples == "mean":
