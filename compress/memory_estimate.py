@@ -52,8 +52,11 @@ def estimate(recipe, skeleton: nn.Module, arch) -> MemoryEstimate:
     largest_linear = max((m.weight.numel() for m in blocks.modules() if isinstance(m, nn.Linear)), default=0)
     embed = skeleton.get_submodule(arch.embed_tokens).weight.numel() * FLOAT32
     methods = {s.method for st in recipe.stages for s in st.steps}
-    calibrated_steps = max((sum(s.method in ("awq", "llm_int8") for s in st.steps) for st in recipe.stages),
+    calibrated_steps = max((sum(s.method in ("awq", "llm_int8", "prune") for s in st.steps) for st in recipe.stages),
                            default=0)
+    if any(s.method == "prune" and getattr(s.config, "depth_metric", None) == "lm_loss"
+           for st in recipe.stages for s in st.steps):
+        calibrated_steps += config.num_hidden_layers     # one stream per block for the loss of skipping it
     # quantizing one linear makes a few weight-sized float temporaries; AWQ's search holds
     # candidates for a whole scale group (q/k/v or gate/up) besides
     step_work = 4 * largest_linear * FLOAT32 + (3 * largest_linear * FLOAT32 if "awq" in methods else 0)

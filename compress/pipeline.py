@@ -81,10 +81,17 @@ def compress_stages(recipe: Recipe, output: Path, progress: bool = True, log=pri
     for stage in recipe.stages:
         t0 = time.perf_counter()
         seed_everything(recipe.seed)
-        source = base if stage.source == "base" else ModelSource(output / stage.source, working)
+        if stage.source == "base":
+            source, stage_skeleton = base, skeleton
+        else:   # an earlier stage's export: its own shapes (a pruned stage is smaller than the base)
+            source = ModelSource(output / stage.source, working)
+            source_config = AutoConfig.from_pretrained(output / stage.source, trust_remote_code=trust)
+            if hasattr(source_config, "quantization_config"):
+                del source_config.quantization_config
+            stage_skeleton = build_skeleton(source_config, arch, trust)
         out_dir = output / stage.name
         log(f"[{stage.name}] {' + '.join(s.method for s in stage.steps)} on {stage.source}")
-        done = run_stage(stage, skeleton, arch, source, out_dir, calibration, seed=recipe.seed,
+        done = run_stage(stage, stage_skeleton, arch, source, out_dir, calibration, seed=recipe.seed,
                          dense_dtype=dense_dtype, max_shard_bytes=recipe.export.max_shard_bytes,
                          finish_kwargs=dict(tokenizer=tokenizer_source, recipe_text=resolved,
                                             extra_manifest={"stage": stage.name, "source": stage.source},

@@ -177,3 +177,14 @@ def test_transforms_run_first_with_their_teacher_then_block_steps(tmp_path, monk
     torch.testing.assert_close(b.dense["model.norm.weight"], 8 * base.dense["model.norm.weight"])
     assert len(b.quantized) == 14
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a", "b"]     # no temporary left
+
+
+def test_a_stage_from_a_pruned_stage_reads_the_smaller_shapes(tmp_path):
+    model_dir = make_tiny_model(tmp_path / "m", "llama")
+    stages = [{"name": "pruned", "steps": [{"method": "prune", "targets": {"intermediate_size": 128}}]},
+              {"name": "int4", "from": "pruned", "steps": [{"method": "rtn", "group_size": 32}]}]
+    recipe = recipe_at(tmp_path, model_dir, stages)
+    compress_stages(recipe, tmp_path / "out", **QUIET)
+    ck = load_checkpoint(tmp_path / "out" / "int4")
+    assert ck.config.intermediate_size == 128 and len(ck.quantized) == 14
+    assert ck.quantized["model.layers.0.mlp.down_proj"].meta["in_features"] == 128
