@@ -76,6 +76,9 @@ def compress_stages(recipe: Recipe, output: Path, progress: bool = True, log=pri
                                                       c.samples, c.seq_len, c.seed, c.field, c.dataset)
         return calib_cache["ids"]
 
+    training = recipe.training
+    if training is not None:
+        training = dataclasses.replace(training, files=[recipe.resolve(f) for f in training.files])
     results = []
     resolved = recipe.resolved_yaml()
     for stage in recipe.stages:
@@ -97,7 +100,7 @@ def compress_stages(recipe: Recipe, output: Path, progress: bool = True, log=pri
                                             extra_manifest={"stage": stage.name, "source": stage.source},
                                             generation_config=generation_config),
                          teacher_of=lambda step: step.teacher.directory(model_dir, output),
-                         progress=progress, log=log)
+                         training=training, progress=progress, log=log)
         results.append(StageResult(stage.name, str(out_dir), time.perf_counter() - t0, done.quantized_layers,
                                    done.stats))
         log(f"[{stage.name}] exported {done.quantized_layers} quantized layers to {out_dir} "

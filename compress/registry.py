@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
+from distill.method import DistillConfig, apply_distill, distill_step
 from pruning.prune import PruneConfig, apply_prune, check_prune_targets, prune_step
 from quantizers.awq import AWQConfig, AWQStep, apply_awq
 from quantizers.llm_int8 import LLMInt8Config, LLMInt8Step, apply_llm_int8
@@ -50,6 +51,10 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("prune", PruneConfig, apply_prune, prune_step, True,
            "Minitron structural pruning: hidden / MLP / heads / blocks cut by calibrated importance "
            "(or seeded random indices) to a smaller dense model", check_prune_targets, kind="transform"),
+    Method("distill", DistillConfig, apply_distill, distill_step, False,
+           "knowledge distillation healing: the model trained on a frozen teacher's logits (KL / CE / "
+           "hidden-state loss), AdamW + cosine, resumable checkpoints, DDP under torchrun",
+           kind="transform", uses_teacher=True),
 )}
 
 

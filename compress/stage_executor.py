@@ -172,17 +172,18 @@ def first_block_inputs(skeleton: nn.Module, arch, source: ModelSource, ids: torc
 def run_stage(stage, skeleton: nn.Module, arch, source: ModelSource, out_dir: Path,
               calibration: Callable[[], torch.Tensor], *, seed: int, dense_dtype: torch.dtype,
               max_shard_bytes: int, finish_kwargs: dict[str, Any], teacher_of: Callable | None = None,
-              progress: bool = True, log=print) -> StageOutput:
+              training=None, progress: bool = True, log=print) -> StageOutput:
     """Apply ``stage``'s steps to ``source`` and export to ``out_dir``: its transform
     steps first, each into a temporary export beside ``out_dir``, then its block steps,
-    block by block. ``teacher_of(step)``: the directory of the step's teacher model."""
+    block by block. ``teacher_of(step)``: the directory of the step's teacher model;
+    ``training``: the recipe's training section (absolute paths) or None."""
     import shutil
 
     stats: dict = {}
 
     def context(step) -> StepContext:
         return StepContext(where=step.where, calibration=calibration, seed=seed, progress=progress, stats=stats,
-                           teacher=teacher_of(step) if teacher_of is not None else None)
+                           teacher=teacher_of(step) if teacher_of is not None else None, training=training)
 
     transforms = [st for st in stage.steps if get_method(st.method).kind == "transform"]
     rest = stage.steps[len(transforms):]

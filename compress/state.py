@@ -3,13 +3,16 @@ decided about its layers so far."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
 
 from compress.architectures import ArchSpec
 from compress.io.schemes import QuantizedWeight
+
+if TYPE_CHECKING:       # compress.recipe imports the registry, which imports the methods
+    from compress.recipe import TrainingConfig
 
 
 @dataclass
@@ -38,3 +41,6 @@ class StepContext:
     # the teacher model's directory (distillation): the stage's source unless the step names
     # one (recipe 'teacher:', resolved by compress/recipe.py to TeacherRef.directory)
     teacher: str | None = None
+    # the recipe's 'training:' section (compress/recipe.py TrainingConfig) with absolute file
+    # paths, or None when the recipe has none (distillation then uses its default text)
+    training: TrainingConfig | None = None

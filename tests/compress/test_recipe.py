@@ -111,7 +111,8 @@ SHRINK = ("shrink", {})
 
 def test_builtin_methods_declare_their_kind():
     assert {name: m.kind for name, m in registry.METHODS.items()} == {
-        "rtn": "quantize", "llm_int8": "quantize", "awq": "quantize", "prune": "transform"}
+        "rtn": "quantize", "llm_int8": "quantize", "awq": "quantize", "prune": "transform",
+        "distill": "transform"}
 
 
 @pytest.mark.parametrize("stages", [
