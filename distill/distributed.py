@@ -81,6 +81,15 @@ class World:
                 dist.all_reduce(p.grad)
                 p.grad /= self.size
 
+    def broadcast_(self, tensors) -> None:
+        """Overwrite every rank's ``tensors`` with rank 0's (in place)."""
+        if not self.distributed:
+            return
+        import torch.distributed as dist
+
+        for t in tensors:
+            dist.broadcast(t.data, src=0)
+
     def barrier(self) -> None:
         if self.distributed:
             import torch.distributed as dist

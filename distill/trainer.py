@@ -141,18 +141,34 @@ class Trainer:
         self.student.train()
         return {"kl": kl / n, "ce": ce / n}
 
+    def share_resumed_state(self, start: int) -> int:
+        """Rank 0 reads the checkpoints; the others take its step, weights and AdamW state."""
+        step = torch.tensor([start], dtype=torch.long)
+        self.world.broadcast_([step])
+        start = int(step)
+        if start:
+            if self.world.rank != 0:       # AdamW state of the right shapes, overwritten below
+                self.optimizer.load_state_dict({
+                    "state": {i: {"step": torch.zeros(()), "exp_avg": torch.zeros_like(p),
+                                  "exp_avg_sq": torch.zeros_like(p)} for i, p in enumerate(self.params)},
+                    "param_groups": self.optimizer.state_dict()["param_groups"]})
+            state = [self.optimizer.state[p][k] for p in self.params for k in ("step", "exp_avg", "exp_avg_sq")]
+            self.world.broadcast_(list(self.params) + state)
+        return start
+
     # --- the loop -------------------------------------------------------------------
     def run(self, batches: list[torch.Tensor], held_out: torch.Tensor | None,
             checkpoints: CheckpointDir | None, progress: bool = True, log=print) -> DistillResult:
         cfg, steps = self.config, len(batches)
         start, meta = 0, {"losses": [], "held_out": []}
-        if checkpoints is not None:
+        if checkpoints is not None and self.world.rank == 0:
             resumed = checkpoints.load_latest(self.student, self.projections, self.optimizer)
             if resumed is not None:
                 start, meta = resumed.step, resumed.meta
-                if self.world.rank == 0:
-                    log(f"{self.where}: resuming from the checkpoint of step {start} of {steps} "
-                        f"({checkpoints.path(start)})")
+                log(f"{self.where}: resuming from the checkpoint of step {start} of {steps} "
+                    f"({checkpoints.path(start)})")
+        if self.world.distributed:
+            start = self.share_resumed_state(start)
         result = DistillResult(steps, 0, 0.0, list(meta["losses"]), list(meta["held_out"]),
                                resumed_from=start or None)
         bar = None
