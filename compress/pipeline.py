@@ -117,12 +117,33 @@ def _generation_config(model_dir: Path, config):
         return GenerationConfig.from_model_config(config)
 
 
+def launched_rank() -> int:
+    """This process's rank under torchrun / accelerate launch (0 when alone)."""
+    import os
+
+    return int(os.environ.get("RANK", "0")) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0
+
+
 def run_recipe(recipe: Recipe, output: Path | None = None, evaluate: bool = True,
                progress: bool = True, threads: int | None = None, log=print) -> dict:
-    """The whole job; returns the report records (also written to ``output``)."""
+    """The whole job; returns the report records (also written to ``output``).
+
+    Under torchrun every process runs the recipe (a distill step trains data-parallel,
+    ``distill/distributed.py``); rank 0 writes ``output`` and evaluates, the others write
+    their (identical) exports to a scratch directory removed at the end."""
     output = Path(output or recipe.resolve(recipe.export.output))
     if threads or recipe.eval.threads:
         torch.set_num_threads(threads or recipe.eval.threads)
+    rank = launched_rank()
+    if rank > 0:
+        import shutil
+
+        scratch = output / f".rank{rank}"
+        try:
+            compress_stages(recipe, scratch, progress=False, log=lambda *_: None)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return {"stages": [], "rank": rank}
     base_dir, results = compress_stages(recipe, output, progress, log)
     if not evaluate:
         return {"stages": [r.__dict__ for r in results]}

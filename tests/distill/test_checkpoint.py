@@ -49,7 +49,6 @@ def export_tensors(directory: Path) -> dict:
     return out
 
 
-@pytest.mark.slow
 def test_killed_run_resumes_from_its_checkpoint_and_ends_bit_identical(models, tmp_path):
     teacher_dir, student_dir = models
     recipe = write_recipe(tmp_path, student_dir, teacher_dir, {"checkpoint_every": 3, "eval_every": 5})

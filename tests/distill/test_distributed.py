@@ -44,3 +44,26 @@ def test_two_gloo_processes_match_one_process_with_the_same_global_batch(models,
         assert moved > 0, name
         diff = (b[name] - a[name]).abs().max()
         assert diff <= 2e-2 * moved, name
+
+
+@pytest.mark.slow
+def test_torchrun_runs_a_recipe_rank_0_exports_it_and_matches_one_process(models, one_thread, tmp_path):
+    from distill_recipes import run, write_recipe
+
+    teacher_dir, student_dir = models
+    recipe = write_recipe(tmp_path, student_dir, teacher_dir, {"batch_size": 4, "checkpoint_every": 2})
+    run(recipe, tmp_path / "one")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "-m", "compress.cli", "run", str(recipe), "--no-eval", "--quiet", "--threads", "1",
+                           "--output", str(tmp_path / "two")], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["healed"]    # no scratch, no checkpoints
+    a = load_file(next((tmp_path / "one" / "healed").glob("*.safetensors")))
+    b = load_file(next((tmp_path / "two" / "healed").glob("*.safetensors")))
+    start = load_file(next(student_dir.glob("*.safetensors")))
+    assert a.keys() == b.keys()
+    for name in a:
+        moved = (a[name] - start[name]).abs().max()
+        assert moved > 0 and (b[name] - a[name]).abs().max() <= 2e-2 * moved, name
