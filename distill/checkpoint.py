@@ -86,12 +86,13 @@ class CheckpointDir:
         tmp = self.directory / f".{final.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        weights = {n: p.detach().contiguous() for n, p in student.named_parameters()}
+        weights = {n: p.detach().cpu().contiguous() for n, p in student.named_parameters()}
         if projections is not None:
-            weights.update({f"projection.{n}": p.detach().contiguous() for n, p in projections.named_parameters()})
+            weights.update({f"projection.{n}": p.detach().cpu().contiguous()
+                            for n, p in projections.named_parameters()})
         save_file(weights, str(tmp / "weights.safetensors"))
         opt = optimizer.state_dict()
-        tensors = {f"state.{i}.{k}": v.contiguous() for i, st in opt["state"].items() for k, v in st.items()}
+        tensors = {f"state.{i}.{k}": v.cpu().contiguous() for i, st in opt["state"].items() for k, v in st.items()}
         tensors["rng.torch"] = torch.get_rng_state()
         save_file(tensors, str(tmp / "optimizer.safetensors"))
         py_state = random.getstate()

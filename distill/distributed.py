@@ -45,12 +45,20 @@ class World:
     def distributed(self) -> bool:
         return self.size > 1
 
+    @property
+    def device(self) -> torch.device:
+        """This process's GPU (``LOCAL_RANK``) when there is one, else the CPU."""
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cpu")
+
     def wrap(self, model: nn.Module) -> nn.Module:
         if not self.distributed:
             return model
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(model)
+        device = self.device
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
     def shard(self, batch: torch.Tensor) -> torch.Tensor:
         """This rank's rows of a global batch."""

@@ -77,13 +77,17 @@ class Trainer:
                  seed: int, world: World | None = None):
         self.student, self.teacher, self.config, self.where = student, teacher, config, where
         self.world = world or World.single()
+        self.device = self.world.device
+        student.to(self.device)
+        teacher.to(self.device)
         self.weights = config.loss.as_dict()
         self.pairs: list[tuple[int, int]] = []
         self.projections = None
         if self.weights["hidden"]:
             s_cfg, t_cfg = student.config, teacher.config
             self.pairs = layer_pairs(s_cfg.num_hidden_layers, t_cfg.num_hidden_layers)
-            self.projections = make_projections(s_cfg.hidden_size, t_cfg.hidden_size, len(self.pairs), seed)
+            self.projections = make_projections(s_cfg.hidden_size, t_cfg.hidden_size, len(self.pairs),
+                                                seed).to(self.device)
         teacher.requires_grad_(False).eval()
         params = list(student.parameters()) + (list(self.projections.parameters()) if self.projections else [])
         student.requires_grad_(True).train()
@@ -110,7 +114,7 @@ class Trainer:
         lr = lr_at(step, steps, self.config)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        local = self.world.shard(batch)
+        local = self.world.shard(batch).to(self.device)
         loss, _ = self.losses(local, self.model)
         # DDP averages gradients over ranks: weigh each rank's mean by its share of the batch
         scaled = loss * (local.shape[0] * self.world.size / batch.shape[0])
@@ -133,7 +137,7 @@ class Trainer:
         kl = ce = 0.0
         n = windows.shape[0]
         for start in range(0, n, batch_size):
-            ids = windows[start:start + batch_size]
+            ids = windows[start:start + batch_size].to(self.device)
             s = self.student(ids, use_cache=False).logits
             t = self.teacher(ids, use_cache=False).logits.float()
             kl += float(forward_kl(s, t)) * ids.shape[0]

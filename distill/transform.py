@@ -107,7 +107,7 @@ class DistillTransform(ModelTransform):
             "resumed_from_step": result.resumed_from, "loss_first": result.losses[0] if result.losses else None,
             "loss_last": result.losses[-1] if result.losses else None, "held_out": result.held_out,
             "default_text": spec["default_text"], "world_size": world.size}
-        write_student(student, source, writer)
+        write_student(student.cpu(), source, writer)
         world.barrier()
         if world.rank == 0:
             checkpoints.remove()
