@@ -12,8 +12,15 @@ norm, down after up):
 3. fold ``1/s`` into the producing operator (RMSNorm weight, or the rows of v_proj /
    up_proj) and ``s`` into the group's weight columns: the float function is unchanged.
 
+One forward of the block catches everything the searches need (each inspected module's
+inputs, the attention / MLP outputs, the clip linears' inputs): folding keeps the float
+function, so nothing a later group sees changes when an earlier group's scales are folded.
+A group whose inspected module is one linear scores a candidate ``W'`` as the mean of
+``(x (W' - W)^T)^2``, through the inputs' Gram matrix ``X^T X`` when that is cheaper.
+
 Then the scaled block's linears get a per-(row, group) clip search (q/k are skipped, as
-clipping them distorts attention scores) and are quantized with
+clipping them distorts attention scores; errors through each group's Gram matrix, the
+inputs being the caught ones divided by the scales folded into the linear) and are quantized with
 ``primitives.quantize_int4_groupwise``, giving the same ``w4a16`` QuantizedWeight as RTN.
 ``group_size: channel`` (or -1) makes the group a whole row, in the search and the result.
 
@@ -34,9 +41,9 @@ from compress.calibration import block_output
 from compress.config import check
 from compress.io.schemes import QuantizedWeight
 from quantizers import primitives
-from quantizers.awq_search import (activation_scale, fold_scale_into_linear, fold_scale_into_norm,
-                                   kv_head_maps, search_clip, search_scale)
-from quantizers.block_capture import capture_inputs
+from quantizers.awq_search import (fold_scale_into_linear, fold_scale_into_norm, kv_head_maps, search_clip,
+                                   search_scale)
+from quantizers.block_capture import capture_inputs_outputs
 from quantizers.rtn import int4_quantized_weight
 from quantizers.targets import select_linears
 
@@ -85,11 +92,30 @@ def _limit_batches(captured: list, tokens: int) -> list:
 
 
 def _token_sample(xs: list[torch.Tensor], tokens: int) -> torch.Tensor:
-    """``tokens`` rows spread evenly over all captured tokens (deterministic)."""
-    flat = torch.cat([x.reshape(-1, x.shape[-1]) for x in xs])
-    if flat.shape[0] <= tokens:
-        return flat
-    return flat[torch.linspace(0, flat.shape[0] - 1, tokens).long()]
+    """``tokens`` rows spread evenly over all captured tokens (deterministic), gathered
+    batch by batch (the same rows as indexing their concatenation, without making it)."""
+    flat = [x.reshape(-1, x.shape[-1]) for x in xs]
+    total = sum(f.shape[0] for f in flat)
+    if total <= tokens:
+        return torch.cat(flat)
+    index = torch.linspace(0, total - 1, tokens).long()
+    rows, start = [], 0
+    for f in flat:
+        mine = index[(index >= start) & (index < start + f.shape[0])]
+        rows.append(f[mine - start])
+        start += f.shape[0]
+    return torch.cat(rows)
+
+
+def _mean_abs(xs: list[torch.Tensor]) -> torch.Tensor:
+    """:func:`activation_scale` over several batches, without concatenating them."""
+    total, count = None, 0
+    for x in xs:
+        flat = x.reshape(-1, x.shape[-1])
+        part = flat.abs().sum(dim=0, dtype=torch.float32)
+        total = part if total is None else total.add_(part)
+        count += flat.shape[0]
+    return total / count
 
 
 class _SwappedWeights:
@@ -108,25 +134,92 @@ class _SwappedWeights:
             m.weight.data = w
 
 
+def _module_loss(inspect: nn.Module, linears: list[nn.Linear], quantized: list[bool], captured: list,
+                 targets: list[torch.Tensor]):
+    """``loss_of`` for a group whose inspected module is an attention or MLP: rerun it on
+    the captured inputs with the candidate weights swapped in, mean squared error against
+    its float outputs."""
+    count = sum(t.numel() for t in targets)
+
+    def loss_of(cands):
+        ws = [c if q else m.weight.data for c, q, m in zip(cands, quantized, linears)]
+        total = 0.0
+        with torch.no_grad(), _SwappedWeights(linears, ws):
+            for (x, kw), ref in zip(captured, targets):
+                out = block_output(inspect(x, **kw))
+                total += float(torch.nn.functional.mse_loss(out.float(), ref.float(), reduction="sum"))
+        return total / count
+    return loss_of
+
+
+def _linear_loss(linear: nn.Linear, xs: list[torch.Tensor], n_grid: int, quantized: bool):
+    """``loss_of`` for a group whose inspected module is the linear itself: the mean of
+    ``(x (W' - W)^T)^2`` over tokens and outputs (the bias cancels). When the inputs have
+    more tokens than the linear's input channels allow to pay off, through their Gram
+    matrix ``H = X^T X``: ``sum((D H) * D)``, whatever the number of tokens."""
+    if not quantized:                    # the inspected linear keeps its float weight
+        return lambda cands: 0.0
+    weight = linear.weight.data.to(torch.float32)
+    n, k = weight.shape
+    tokens = sum(x[..., 0].numel() for x in xs)
+    count = tokens * n
+    if tokens * k * k + n_grid * n * k * k < n_grid * tokens * n * k:
+        gram = torch.zeros(k, k)
+        for x in xs:
+            flat = x.reshape(-1, k).to(torch.float32)
+            gram.addmm_(flat.t(), flat)
+
+        def loss_of(cands):
+            d = cands[0] - weight
+            return float((d @ gram).mul_(d).sum()) / count
+        return loss_of
+
+    def loss_of(cands):
+        d = cands[0] - weight
+        total = 0.0
+        with torch.no_grad():
+            for x in xs:
+                total += float(torch.nn.functional.linear(x.to(torch.float32), d).pow_(2).sum())
+        return total / count
+    return loss_of
+
+
 def _scale_block(block: nn.Module, inputs, arch, model_config, targeted: dict[str, nn.Linear],
-                 config: AWQConfig, log: dict) -> None:
-    """Search and fold the scales of every scale group of one block (float function kept)."""
+                 config: AWQConfig, log: dict, clip_names: list[str], where: str = "") -> dict[str, torch.Tensor]:
+    """Search and fold the scales of every scale group of one block (float function kept);
+    returns the clip search's token sample of each of ``clip_names``' inputs, as the scaled
+    block feeds it. The chosen alphas are logged under ``where`` + the group's names.
+
+    One forward of the block catches everything: each group's inspected-module inputs (and,
+    for attention / MLP, outputs) and the clip linears' inputs. Folding keeps the float
+    function, so what a later group's module receives does not change when an earlier
+    group's scales are folded, and a linear whose input columns were multiplied by ``s``
+    now receives ``x / s``: the clip sample is divided by the scales folded into its columns."""
     heads = model_config.num_attention_heads
     kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
     head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // heads
+    plans = []
     for group in arch.scale_groups:
-        names = [n for n in group.linears if n in targeted]
-        if not names:
+        if not any(n in targeted for n in group.linears):
             continue
+        module_inspected = group.prev_kind == "norm"
+        inspect_name = group.linears[0].rpartition(".")[0] if module_inspected else group.linears[0]
+        plans.append((group, inspect_name, module_inspected))
+    watched = {name: block.get_submodule(name) for name in
+               dict.fromkeys([p[1] for p in plans] + list(clip_names))}
+    with_kwargs = {name for _, name, module_inspected in plans if module_inspected}
+    seen, made = capture_inputs_outputs(block, inputs, watched, with_kwargs, with_kwargs)
+    clip_x = {n: _token_sample(seen[n], config.clip_tokens) for n in clip_names}
+    seen = {name: seen[name] for _, name, _ in plans}          # the rest was for the clip sample
+    col_scale: dict[str, torch.Tensor] = {}
+
+    for group, inspect_name, module_inspected in plans:
         linears = [block.get_submodule(n) for n in group.linears]       # all consumers get scaled
         prev = block.get_submodule(group.prev)
-        inspect_name = group.linears[0].rpartition(".")[0] if group.prev_kind == "norm" else group.linears[0]
         inspect = block.get_submodule(inspect_name)
-        captured = capture_inputs(block, inputs, {inspect_name: inspect}, with_kwargs=True)[inspect_name]
-        captured = _limit_batches(captured, config.search_tokens)
-        with torch.no_grad():
-            targets = [block_output(inspect(x, **kw)) for x, kw in captured]
-        s_x = activation_scale(torch.cat([x.reshape(-1, x.shape[-1]) for x, _ in captured]))
+        captured = _limit_batches(seen.pop(inspect_name), config.search_tokens)
+        xs = [c[0] for c in captured] if module_inspected else captured
+        s_x = _mean_abs(xs)
         expand = None
         if group.prev_kind == "linear" and prev.out_features != linears[0].in_features:
             if prev.out_features * heads != linears[0].in_features * kv_heads:
@@ -135,28 +228,28 @@ def _scale_block(block: nn.Module, inputs, arch, model_config, targeted: dict[st
             expand, reduce = kv_head_maps(heads, kv_heads, head_dim)
             s_x = reduce(s_x)
         quantized = [targeted.get(n) is not None for n in group.linears]
-
-        def loss_of(cands):
-            ws = [c if q else m.weight.data for c, q, m in zip(cands, quantized, linears)]
-            total, count = 0.0, 0
-            with torch.no_grad(), _SwappedWeights(linears, ws):
-                for (x, kw), ref in zip(captured, targets):
-                    total += float((block_output(inspect(x, **kw)) - ref).float().pow(2).sum())
-                    count += ref.numel()
-            return total / count
+        if module_inspected:
+            targets = made.pop(inspect_name)[:len(captured)]
+            loss_of = _module_loss(inspect, linears, quantized, captured, targets)
+        else:
+            loss_of = _linear_loss(inspect, xs, config.n_grid, quantized[0])
 
         group_size = primitives.resolve_group_size(config.group_size, linears[0].in_features)
         s, alpha, losses = search_scale(s_x, [m.weight.data for m in linears], loss_of, group_size,
                                         config.symmetric, config.n_grid,
                                         config.duo_scaling and expand is None, expand)
+        s_in = expand(s) if expand else s
         if group.prev_kind == "norm":
             fold_scale_into_norm(prev.weight.data, [m.weight.data for m in linears], s)
         else:
             fold_scale_into_linear(prev.weight.data, prev.bias.data if prev.bias is not None else None,
-                                   [m.weight.data for m in linears], s, expand(s) if expand else s)
-        log.setdefault("alpha", {})[f"{group.prev}->{'/'.join(group.linears)}"] = alpha
+                                   [m.weight.data for m in linears], s, s_in)
+        for n in group.linears:
+            col_scale[n] = col_scale[n] * s_in if n in col_scale else s_in
+        log.setdefault("alpha", {})[f"{where}{group.prev}->{'/'.join(group.linears)}"] = alpha
         log.setdefault("gain", []).append(losses[0] / max(min(losses), 1e-30))
-        del captured, targets
+        del captured, xs, loss_of
+    return {n: x / col_scale[n].to(x.dtype) if n in col_scale else x for n, x in clip_x.items()}
 
 
 def quantize_weight_awq(weight: torch.Tensor, x: torch.Tensor | None, config: AWQConfig, name: str,
@@ -191,13 +284,9 @@ class AWQStep(BlockStep):
         for rel, module in targeted.items():
             primitives.check_finite(module.weight.data, f"{prefix}.{index}.{rel}")
         no_clip = {arch.q_proj, arch.k_proj}
-        _scale_block(block, inputs, arch, self.model_config, targeted, config, self.log)
-        clip_inputs = {}
-        if config.clip:
-            wanted = {n: m for n, m in targeted.items() if n not in no_clip}
-            seen = capture_inputs(block, inputs, wanted)
-            clip_inputs = {n: _token_sample(xs, config.clip_tokens) for n, xs in seen.items()}
-            del seen
+        clip_names = [n for n in targeted if n not in no_clip] if config.clip else []
+        clip_inputs = _scale_block(block, inputs, arch, self.model_config, targeted, config, self.log,
+                                   clip_names, f"{prefix}.{index}.")
         for rel, module in targeted.items():
             qw = quantize_weight_awq(module.weight.data, clip_inputs.get(rel), config,
                                      f"{prefix}.{index}.{rel}", rel not in no_clip)

@@ -78,8 +78,13 @@ def int4_group_params(weight: torch.Tensor, group_size: int, symmetric: bool = F
     """
     n, k = weight.shape
     g = weight.to(torch.float32).reshape(n, k // group_size, group_size)
-    wmax = g.amax(dim=-1) * clip_ratio
-    wmin = g.amin(dim=-1) * clip_ratio
+    return int4_params_from_range(g.amax(dim=-1) * clip_ratio, g.amin(dim=-1) * clip_ratio, symmetric)
+
+
+def int4_params_from_range(wmax: torch.Tensor, wmin: torch.Tensor,
+                           symmetric: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`int4_group_params` from each group's (already clipped) max and min: lets a
+    search compute the range once and try many clip ratios or scalings on it."""
     if symmetric:
         amax = torch.maximum(wmax.abs(), wmin.abs()).clamp_min(1e-10)
         scales = amax / 7.0
@@ -128,3 +133,32 @@ def fake_quantize_int4(weight: torch.Tensor, group_size: int = 128, symmetric: b
     u = _int4_codes(weight, scales, zeros, group_size)
     return ((u - zeros.to(torch.float32).unsqueeze(-1)) * scales.unsqueeze(-1)).reshape(weight.shape)
 
+
+
+def fake_quantize_int4_scaled(weight: torch.Tensor, s: torch.Tensor | None, group_size: int = 128,
+                              symmetric: bool = False, rows: int = 256) -> torch.Tensor:
+    """``fake_quantize_int4(weight * s) / s`` (``s`` over the input channels, or None for 1),
+    bit for bit, in one float32 output buffer worked on in place ``rows`` rows at a time
+    (cache-sized): the AWQ scale search calls this for every grid point and weight.
+    ``clamp(round(x) + z, 0, 15) - z`` is computed as ``clamp(round(x), -z, 15 - z)``: equal on
+    the small integers involved."""
+    n, k = weight.shape
+    groups = k // group_size
+    out = torch.empty(n, k, dtype=torch.float32)
+    w3 = weight.to(torch.float32).reshape(n, groups, group_size)
+    o3 = out.view(n, groups, group_size)
+    s_g = None if s is None else s.to(torch.float32).reshape(groups, group_size)
+    for r0 in range(0, n, rows):
+        o = o3[r0:r0 + rows]
+        if s_g is None:
+            o.copy_(w3[r0:r0 + rows])
+        else:
+            torch.mul(w3[r0:r0 + rows], s_g, out=o)
+        wmin, wmax = torch.aminmax(o, dim=-1)
+        scales, zeros = int4_params_from_range(wmax, wmin, symmetric)
+        z = zeros.to(torch.float32).unsqueeze(-1)
+        scale = scales.unsqueeze(-1)
+        o.div_(scale).round_().clamp_(min=-z, max=INT4_LEVELS - z).mul_(scale)
+        if s_g is not None:
+            o.div_(s_g)
+    return out
