@@ -12,7 +12,7 @@ A recipe step::
         from: pruned
         steps:
           - method: distill
-            teacher: base           # an earlier stage or a model directory (default: base)
+            teacher: base           # an earlier stage or a model directory (default: the stage's source)
             loss: {forward_kl: 1.0, ce: 0.0, reverse_kl: 0.0, hidden: 0.0}
             temperature: 1.0
             batch_size: 8
@@ -26,10 +26,20 @@ Modules: ``losses`` (pure loss functions), ``config`` (the step's settings), ``t
 Several processes (data parallel, DDP; one process per GPU, or CPU processes on gloo)::
 
     torchrun --nproc_per_node 2 -m compress.cli run recipe.yaml
-    accelerate launch --num_processes 2 -m compress.cli run recipe.yaml
+    accelerate launch --multi_gpu --num_processes 2 -m compress.cli run recipe.yaml   # runs torchrun
     # two machines, 8 GPUs each: on every machine (node_rank 0 and 1)
     torchrun --nnodes 2 --node_rank $RANK --nproc_per_node 8 \
         --rdzv_backend c10d --rdzv_endpoint $HEAD_NODE:29500 -m compress.cli run recipe.yaml
 
-``batch_size`` is the global batch: each process takes ``batch_size / world_size`` rows.
+``batch_size`` is the global batch: each process takes rows ``rank::world_size`` of it.
+Every process runs the whole recipe; rank 0 writes the output and evaluates, the others
+export to a scratch directory that is removed (``compress/pipeline.py`` run_recipe). On
+GPUs each process trains on ``cuda:LOCAL_RANK`` (nccl); on CPUs on gloo. Student and
+teacher are replicated on every process (DDP); ``parallel: fsdp`` (FSDP2 ``fully_shard``
+for models that do not fit one device) is refused: not implemented yet.
+
+Checkpoints go to ``<output>/<stage>.distill-checkpoints`` every ``checkpoint_every``
+steps and are removed when the step completes; rerunning the same recipe after a crash
+or ``kill -9`` resumes from the newest one (bit-identical to an uninterrupted run in one
+process); a different recipe is refused until that directory is deleted.
 """

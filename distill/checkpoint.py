@@ -83,8 +83,9 @@ class CheckpointDir:
              optimizer: torch.optim.Optimizer, meta: dict) -> Path:
         self.directory.mkdir(parents=True, exist_ok=True)
         final = self.path(step)
+        for stale in self.directory.glob(f".{PREFIX}*.tmp-*"):      # left by a killed run
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = self.directory / f".{final.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         weights = {n: p.detach().cpu().contiguous() for n, p in student.named_parameters()}
         if projections is not None:

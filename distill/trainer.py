@@ -182,7 +182,8 @@ class Trainer:
             total = sum(b.numel() for b in batches)
             bar = tqdm(total=total, initial=sum(b.numel() for b in batches[:start]), unit="tok",
                        unit_scale=True, desc="distill", dynamic_ncols=True)
-        if start == 0 and held_out is not None and held_out.numel():
+        evaluate = held_out is not None and held_out.numel() and self.world.rank == 0
+        if start == 0 and evaluate:
             result.held_out.append({"step": 0, **self.held_out(held_out, cfg.batch_size)})
         t0 = time.perf_counter()
         try:
@@ -191,8 +192,7 @@ class Trainer:
                 result.losses.append(loss)
                 result.tokens += batches[step].numel()
                 done = step + 1
-                if held_out is not None and held_out.numel() and (
-                        done == steps or (cfg.eval_every and done % cfg.eval_every == 0)):
+                if evaluate and (done == steps or (cfg.eval_every and done % cfg.eval_every == 0)):
                     result.held_out.append({"step": done, **self.held_out(held_out, cfg.batch_size)})
                 if bar is not None:
                     post = {"loss": f"{loss:.4f}"}

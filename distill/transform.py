@@ -91,7 +91,10 @@ class DistillTransform(ModelTransform):
         teacher = AutoModelForCausalLM.from_pretrained(self.teacher_dir, dtype=torch.float32)
         check_vocabulary(student.get_output_embeddings().weight.shape[0],
                          teacher.get_output_embeddings().weight.shape[0], self.teacher_dir, self.where)
-        fingerprint = {"step": dataclasses.asdict(self.config) | {"seed": self.seed}, "training": spec,
+        # what determines the weights (how often to evaluate or checkpoint does not)
+        settings = {k: v for k, v in dataclasses.asdict(self.config).items() if k not in ("eval_every",
+                                                                                         "checkpoint_every")}
+        fingerprint = {"step": settings | {"seed": self.seed}, "training": spec,
                        "student": weights_digest(student), "teacher": weights_digest(teacher),
                        "world_size": world.size}
         if self.config.teacher_dtype == "bfloat16":

@@ -65,8 +65,9 @@ def test_hidden_cosine_through_projection():
     ident = torch.nn.Linear(4, 4, bias=False)
     with torch.no_grad():
         ident.weight.copy_(torch.eye(4))
-    assert float(hidden_cosine([h], [h * 3], [ident])) == pytest.approx(0.0, abs=1e-6)
-    assert float(hidden_cosine([h], [-h], [ident])) == pytest.approx(2.0, abs=1e-6)
+    with torch.no_grad():
+        assert float(hidden_cosine([h], [h * 3], [ident])) == pytest.approx(0.0, abs=1e-6)
+        assert float(hidden_cosine([h], [-h], [ident])) == pytest.approx(2.0, abs=1e-6)
 
 
 def test_mix_is_the_weighted_sum_of_its_parts():
