@@ -111,3 +111,18 @@ def test_fsdp_is_refused_until_it_exists(models, tmp_path):
     teacher_dir, student_dir = models
     with pytest.raises(StepError, match=r"step 1 \(distill\): parallel: fsdp .* not implemented"):
         run(write_recipe(tmp_path, student_dir, teacher_dir, {"parallel": "fsdp"}), tmp_path / "out")
+
+
+def test_a_tied_head_is_trained_and_written_once(tmp_path):
+    from distill_recipes import perturbed_copy, sharp_teacher
+
+    teacher = sharp_teacher(tmp_path / "teacher", tie_word_embeddings=True)
+    student = perturbed_copy(teacher, tmp_path / "student")
+    run(write_recipe(tmp_path, student, teacher, {"tokens": 32 * 2 * 3, "seq_len": 32}), tmp_path / "out")
+    from safetensors.torch import load_file
+
+    written = load_file(next((tmp_path / "out" / "healed").glob("*.safetensors")))
+    assert "lm_head.weight" not in written
+    healed = load(tmp_path / "out" / "healed")
+    assert healed.lm_head.weight.data_ptr() == healed.model.embed_tokens.weight.data_ptr()
+    assert not torch.equal(written["model.embed_tokens.weight"], load(student).model.embed_tokens.weight)
