@@ -9,6 +9,9 @@ llm-compressor pulls another transformers, so it lives in its own venv:
 
   .venv/bin/python quantizers/lab/awq_vs_llmcompressor.py --model models/pydoc-llama \\
       --llmc-python /tmp/llmc-venv/bin/python
+  # the 345M bench model (compress bench make-model --out /tmp/h2-bench), 16 x 128 tokens, 2 threads:
+  .venv/bin/python quantizers/lab/awq_vs_llmcompressor.py --model /tmp/h2-bench/hf --samples 16 \\
+      --seq-len 128 --threads 2 --max-eval-tokens 4096
 
 How: this process (our venv) tokenizes the calibration windows (``load_calibration_ids``,
 the recipe's sampler) and the eval stream once and saves them (safetensors); a worker process in the
@@ -20,13 +23,20 @@ CPU patch (worker only, applied in memory, nothing on disk changed): before each
 mapping's grid search, llm-compressor pins its cached calibration activations
 (``IntermediatesCache.pin_memory`` -> ``Tensor.pin_memory()``), which needs an
 accelerator; we make ``IntermediatesCache.pin_memory`` a no-op while it runs.
-Everything else (mappings, duo scaling, its 20-point grid) is llm-compressor's default.
+Everything else (mappings, duo scaling, its 20-point grid, calibration batch size 1) is
+llm-compressor's default; its AWQ has no clip search, ours does (``clip: true``, the default).
+Under GQA llm-compressor skips the v_proj -> o_proj mapping; ours searches it.
+
+Both AWQ times are wall seconds of the whole call (calibration forwards included, model
+loading and scoring not), printed with the load average around each run (other processes
+on the machine slow either side) and the process CPU seconds.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -90,10 +100,12 @@ def worker(args) -> None:
                 "targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "symmetric": False,
                                                    "strategy": "group", "group_size": args.group_size}}})
         recipe = [AWQModifier(), quant]          # llm-compressor's own defaults otherwise
-        t0 = time.perf_counter()
+        load = os.getloadavg()[0]
+        t0, c0 = time.perf_counter(), time.process_time()
         oneshot(model=model, dataset=ds, recipe=recipe, max_seq_length=calib.shape[1],
-                num_calibration_samples=calib.shape[0])
-        seconds = time.perf_counter() - t0
+                num_calibration_samples=calib.shape[0], batch_size=args.llmc_batch_size)
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+        loads = [load, os.getloadavg()[0]]
     finally:
         IntermediatesCache.pin_memory = pinned
     model.eval()
@@ -101,7 +113,8 @@ def worker(args) -> None:
     fake_quant = [n for n, m in model.named_modules() if getattr(m, "quantization_scheme", None) is not None
                   and str(getattr(m, "quantization_status", "")) in ("frozen", "QuantizationStatus.FROZEN")]
     ppl = perplexity(model, stream)
-    Path(args.result).write_text(json.dumps({"perplexity": ppl, "seconds": seconds,
+    Path(args.result).write_text(json.dumps({"perplexity": ppl, "seconds": seconds, "cpu_seconds": cpu,
+                                             "load": loads, "threads": torch.get_num_threads(),
                                              "fake_quantized_linears": len(fake_quant)}))
 
 
@@ -116,6 +129,9 @@ def main(argv=None) -> None:
     p.add_argument("--group-size", type=int, default=128)
     p.add_argument("--max-eval-tokens", type=int, default=0, help="0 = the whole eval file")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--llmc-batch-size", type=int, default=1, help="llm-compressor's calibration batch size "
+                   "(its default: 1); ours runs batches of AWQConfig.batch_size (8)")
+    p.add_argument("--ours-first", action="store_true", help="run our AWQ before llm-compressor's")
     p.add_argument("--llmc-python", default="/tmp/llmc-venv/bin/python")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
@@ -138,31 +154,53 @@ def main(argv=None) -> None:
     stream = torch.tensor(tok(Path(args.eval).read_text(encoding="utf-8")).input_ids)
     if args.max_eval_tokens:
         stream = stream[:args.max_eval_tokens]
-    with tempfile.TemporaryDirectory() as tmp:
-        from safetensors.torch import save_file
+    n_params = sum(p.numel() for p in model.parameters())
 
-        data, result = Path(tmp) / "ids.safetensors", Path(tmp) / "llmc.json"
-        save_file({"calib": calib.contiguous(), "eval": stream.contiguous()}, str(data))
-        cmd = [args.llmc_python, __file__, "--worker", "--model", str(model_dir), "--data", str(data),
-               "--result", str(result), "--group-size", str(args.group_size), "--threads", str(args.threads)]
-        print("llm-compressor:", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True)
-        llmc = json.loads(result.read_text())
+    def run_ours():
+        state = CompressionState(copy.deepcopy(model), arch, tok, str(model_dir))
+        load = os.getloadavg()[0]
+        t0, c0 = time.perf_counter(), time.process_time()
+        apply_awq(state, AWQConfig(group_size=args.group_size), StepContext("bench", lambda: calib, progress=False))
+        result = {"seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0,
+                  "load": [load, os.getloadavg()[0]], "threads": torch.get_num_threads()}
+        result["perplexity"] = perplexity(state.model, stream)
+        return result
 
+    def run_llmc():
+        with tempfile.TemporaryDirectory() as tmp:
+            from safetensors.torch import save_file
+
+            data, result = Path(tmp) / "ids.safetensors", Path(tmp) / "llmc.json"
+            save_file({"calib": calib.contiguous(), "eval": stream.contiguous()}, str(data))
+            cmd = [args.llmc_python, __file__, "--worker", "--model", str(model_dir), "--data", str(data),
+                   "--result", str(result), "--group-size", str(args.group_size), "--threads", str(args.threads),
+                   "--llmc-batch-size", str(args.llmc_batch_size)]
+            print("llm-compressor:", " ".join(cmd), flush=True)
+            subprocess.run(cmd, check=True)
+            return json.loads(result.read_text())
+
+    if args.ours_first:
+        ours = run_ours()
+        llmc = run_llmc()
+    else:
+        llmc = run_llmc()
+        ours = run_ours()
     base = perplexity(model, stream)
-    state = CompressionState(copy.deepcopy(model), arch, tok, str(model_dir))
-    t0 = time.perf_counter()
-    apply_awq(state, AWQConfig(group_size=args.group_size), StepContext("bench", lambda: calib, progress=False))
-    ours_s = time.perf_counter() - t0
-    ours = perplexity(state.model, stream)
-    print(f"\n{model_dir.name}: calib {args.samples}x{args.seq_len}, int4 asymmetric group {args.group_size}, "
-          f"eval tokens {len(stream)}")
-    print("| model | perplexity | gap to base | AWQ wall s |\n|---|---|---|---|")
-    print(f"| base | {base:.4f} | | |")
+
+    def row(name, r):
+        return (f"| {name} | {r['perplexity']:.4f} | {100 * (r['perplexity'] / base - 1):+.2f}% | {r['seconds']:.1f} "
+                f"| {r['seconds'] / (n_params / 1e9):.0f} | {r['cpu_seconds']:.0f} | {r['threads']} "
+                f"| {r['load'][0]:.1f} -> {r['load'][1]:.1f} |")
+
+    print(f"\n{model_dir.name} ({n_params / 1e6:.0f}M params): calib {args.samples}x{args.seq_len}, "
+          f"int4 asymmetric group {args.group_size}, eval tokens {len(stream)}, "
+          f"llm-compressor batch {args.llmc_batch_size}, ours batch {AWQConfig().batch_size}")
     print(f"(llm-compressor: {llmc['fake_quantized_linears']} linears fake-quantized in forward)")
-    print(f"| llm-compressor AWQ | {llmc['perplexity']:.4f} | {100 * (llmc['perplexity'] / base - 1):+.2f}% "
-          f"| {llmc['seconds']:.0f} |")
-    print(f"| compress awq | {ours:.4f} | {100 * (ours / base - 1):+.2f}% | {ours_s:.0f} |")
+    print("| model | perplexity | gap to base | AWQ wall s | s per B params | CPU s | threads | load avg |")
+    print("|---|---|---|---|---|---|---|---|")
+    print(f"| base | {base:.4f} | | | | | | |")
+    print(row("llm-compressor AWQ", llmc))
+    print(row("compress awq", ours))
 
 
 if __name__ == "__main__":
