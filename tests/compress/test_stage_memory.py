@@ -1,39 +1,11 @@
 """Peak memory of `compress_stages`, measured from a subprocess's RSS: a stage streams its
 model block by block, so whatever the number of stages the peak stays near the
 interpreter plus one block, far under one copy of the weights."""
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import yaml
 
+from stage_rss import run_measuring_rss
 from tiny_models import make_tiny_model
-
-HERE = Path(__file__).resolve().parent
-
-# VmHWM (this process's peak RSS): ru_maxrss would carry the parent's peak over the fork
-MEASURE = r"""
-import json, sys
-
-def peak_rss():
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
-
-sys.path.insert(0, sys.argv[2])
-import torch, transformers, tqdm                          # the interpreter's own baseline
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-from compress.pipeline import compress_stages
-from compress.recipe import load_recipe
-import compress.stage_executor, quantizers.awq, quantizers.llm_int8
-torch.set_num_threads(2)
-baseline = peak_rss()
-recipe = load_recipe(sys.argv[1])
-compress_stages(recipe, recipe.path.parent / "out", progress=False, log=lambda *a: None)
-peak = peak_rss()
-print(json.dumps({"baseline": baseline, "peak": peak}))
-"""
 
 
 @pytest.mark.slow
@@ -50,10 +22,7 @@ def test_peak_rss_stays_near_one_block_across_rtn_awq_and_llm_int8_stages(tmp_pa
     doc = {"name": "mem", "model": {"path": str(model_dir)},
            "calibration": {"files": ["calib.txt"], "samples": 1, "seq_len": 64}, "stages": stages}
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(doc))
-    done = subprocess.run([sys.executable, "-c", MEASURE, str(tmp_path / "recipe.yaml"), str(HERE.parent)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rss = json.loads(done.stdout.strip().splitlines()[-1])
+    rss = run_measuring_rss(tmp_path / "recipe.yaml")
     growth = rss["peak"] - rss["baseline"]
     print(f"stored {stored / 1e6:.0f} MB, baseline RSS {rss['baseline'] / 1e6:.0f} MB, "
           f"peak {rss['peak'] / 1e6:.0f} MB, growth {growth / 1e6:.0f} MB")

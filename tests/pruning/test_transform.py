@@ -273,32 +273,9 @@ def test_a_quantized_model_is_refused(tmp_path):
     assert not (tmp_path / "again" / "out" / "p").exists()
 
 
-# VmHWM (this process's peak RSS): ru_maxrss would carry the parent's peak over the fork
-MEASURE = r"""
-import json, sys
-
-def peak_rss():
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
-
-sys.path.insert(0, sys.argv[2])
-import torch, transformers, tqdm                          # the interpreter's own baseline
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-from compress.pipeline import compress_stages
-from compress.recipe import load_recipe
-import compress.stage_executor, pruning.transform
-torch.set_num_threads(2)
-baseline = peak_rss()
-recipe = load_recipe(sys.argv[1])
-compress_stages(recipe, recipe.path.parent / "out", progress=False, log=lambda *a: None)
-print(json.dumps({"baseline": baseline, "peak": peak_rss()}))
-"""
-
-
 @pytest.mark.slow
 def test_peak_rss_of_importance_and_cut_stays_far_under_the_model(tmp_path):
-    import subprocess
-    import sys
+    from stage_rss import run_measuring_rss
 
     # ~160M parameters stored as float32 (0.64 GB): a whole-model copy would add as much
     model_dir = make_tiny_model(tmp_path / "m", "llama", hidden_size=1024, intermediate_size=2816,
@@ -307,10 +284,7 @@ def test_peak_rss_of_importance_and_cut_stays_far_under_the_model(tmp_path):
     stored = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
     targets = {"intermediate_size": 1408, "num_attention_heads": 8, "hidden_size": 768, "num_hidden_layers": 6}
     recipe = write_recipe(tmp_path, model_dir, [prune("p", targets)], samples=4)
-    done = subprocess.run([sys.executable, "-c", MEASURE, str(recipe), str(Path(__file__).resolve().parents[1])],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rss = json.loads(done.stdout.strip().splitlines()[-1])
+    rss = run_measuring_rss(recipe)
     growth = rss["peak"] - rss["baseline"]
     print(f"stored {stored / 1e6:.0f} MB, baseline RSS {rss['baseline'] / 1e6:.0f} MB, "
           f"peak {rss['peak'] / 1e6:.0f} MB, growth {growth / 1e6:.0f} MB")
