@@ -66,6 +66,8 @@ def estimate(recipe, skeleton: nn.Module, arch) -> MemoryEstimate:
         hidden, inter = config.hidden_size, getattr(config, "intermediate_size", 4 * config.hidden_size)
         # one hidden stream per calibrated step + the block's outputs + the widest captured input
         activations = tokens * FLOAT32 * (hidden * (calibrated_steps + 2) + 2 * inter)
+        if "awq" in methods:   # AWQ catches a whole block's inner activations in one forward
+            activations += tokens * FLOAT32 * (6 * hidden + inter)
     return MemoryEstimate(block, step_work, embed, activations)
 
 
