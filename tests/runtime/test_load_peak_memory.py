@@ -19,7 +19,10 @@ pytestmark = [pytest.mark.slow,  # ~10 s each: an export written, a fresh interp
               pytest.mark.skipif(not sys.platform.startswith("linux"),
                                  reason="reads the process's resident memory from /proc/self/status")]
 
-BOUND = 1.25
+# one copy of the prepared weights, plus one layer's temporaries, the int8 head's tiling copy
+# and 2 MiB rounding of the tensors torch puts in transparent huge pages (compress sets
+# THP_MEM_ALLOC_ENABLE); a second copy of the weights would make it 2x
+BOUND = 1.35
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
