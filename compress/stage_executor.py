@@ -36,6 +36,7 @@ from compress.io.export import CheckpointWriter
 from compress.io.schemes import QuantizedWeight
 from compress.model_source import ModelSource, SourceError
 from compress.registry import get_method
+from compress.runtime.heap import release_free_heap
 from compress.state import StepContext
 
 COMPUTE_DTYPE = torch.float32
@@ -96,29 +97,9 @@ class Materializer:
     def release(module: nn.Module) -> None:
         for local, param in list(module.named_parameters()):
             _set_parameter(module, local, nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=False))
-        return_freed_memory()
-
-
-def return_freed_memory() -> None:
-    """Hand the allocator's free pages back to the OS (glibc ``malloc_trim``). A block's
-    tensors are mostly under glibc's adaptive mmap threshold, so without this the heap
-    keeps the pages of every freed block and RSS creeps up block after block."""
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
-
-
-def _load_libc():
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc if hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None
-
-
-_LIBC = _load_libc()
+        # a block's tensors are mostly under glibc's adaptive mmap threshold: without this
+        # the heap keeps the pages of every freed block and RSS creeps up block after block
+        release_free_heap()
 
 
 def _set_parameter(module: nn.Module, local: str, param: nn.Parameter) -> None:
