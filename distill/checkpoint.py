@@ -33,6 +33,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from compress.errors import StepError
+from compress.io.files import fsync_dir, fsync_file
 
 PREFIX = "step-"
 
@@ -56,14 +57,6 @@ class TrainState:
     """What a resumed run continues from."""
     step: int
     meta: dict            # what the run measured so far (stats)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class CheckpointDir:
@@ -101,10 +94,10 @@ class CheckpointDir:
                  "python_rng": [py_state[0], list(py_state[1]), py_state[2]], "meta": meta}
         (tmp / "state.json").write_text(json.dumps(state, indent=1))
         for f in tmp.iterdir():
-            _fsync(f)
-        _fsync(tmp)
+            fsync_file(f)
+        fsync_dir(tmp)
         os.replace(tmp, final)
-        _fsync(self.directory)
+        fsync_dir(self.directory)
         for old in self.steps():
             if old < step:
                 shutil.rmtree(self.path(old), ignore_errors=True)

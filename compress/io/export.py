@@ -30,7 +30,7 @@ from compress.io.formats import (FORMAT_NAME, FORMAT_VERSION, CheckpointFormatEr
                                  build_quantization_config, encode_quantized)
 from compress.io.schemes import QuantizedWeight
 from compress.errors import UserError
-from compress.io.files import atomic_dir
+from compress.io.files import atomic_dir, fsync_file
 from compress.io.safetensors_files import SAFE_INDEX_NAME, SAFE_WEIGHTS_NAME, ShardedWriter
 
 MANIFEST_NAME = "compress_manifest.json"
@@ -64,14 +64,6 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -237,7 +229,7 @@ class CheckpointWriter:
         files = {}
         for p in sorted(tmp.rglob("*")):
             if p.is_file():
-                _fsync_file(p)
+                fsync_file(p)
                 files[p.relative_to(tmp).as_posix()] = {"sha256": sha256_file(p), "size": p.stat().st_size}
         manifest = {
             "format": FORMAT_NAME, "format_version": FORMAT_VERSION,
@@ -247,7 +239,7 @@ class CheckpointWriter:
             "layers": dict(sorted(self.layers.items())), "files": files, "extra": _jsonable(extra_manifest or {}),
         }
         _write_json(tmp / MANIFEST_NAME, manifest)
-        _fsync_file(tmp / MANIFEST_NAME)
+        fsync_file(tmp / MANIFEST_NAME)
         self.finished = True
 
 

@@ -55,6 +55,15 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         raise
 
 
+def fsync_file(path: str | Path) -> None:
+    """Flush ``path``'s data to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
