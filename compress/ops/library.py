@@ -35,6 +35,9 @@ SCHEMAS = {
     "rms_norm": "rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
     "add_rms_norm": "add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)",
     "decode_attention": "decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask) -> Tensor",
+    # one query per row over a paged KV cache (block tables, per-row context lengths)
+    "paged_decode_attention": ("paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_tables, "
+                               "Tensor context_lens, int window) -> Tensor"),
     # the sampler's greedy pick (torch.argmax over a vocabulary row is ~10x a max reduction)
     "argmax_rows": "argmax_rows(Tensor x) -> Tensor",
     # a whole decoder layer for one decode step (reference.decode_layer documents it)
@@ -59,6 +62,7 @@ REFERENCES = {
     "rms_norm": reference.rms_norm,
     "add_rms_norm": reference.add_rms_norm,
     "decode_attention": reference.decode_attention,
+    "paged_decode_attention": reference.paged_decode_attention,
     "argmax_rows": reference.argmax_rows,
     "decode_layer": reference.decode_layer,
     "stream_read_sum": reference.stream_read_sum,
@@ -86,6 +90,10 @@ def _fake_decode_attention(q, k, v, mask=None):
     return q.new_empty((q.shape[0], q.shape[1] * q.shape[2]))
 
 
+def _fake_paged_decode_attention(q, k_pool, v_pool, block_tables, context_lens, window):
+    return q.new_empty(q.shape)
+
+
 def _fake_argmax_rows(x):
     return x.new_empty(x.shape[:-1], dtype=torch.int64)
 
@@ -111,6 +119,7 @@ FAKES = {
     "rms_norm": _fake_rms_norm,
     "add_rms_norm": _fake_add_rms_norm,
     "decode_attention": _fake_decode_attention,
+    "paged_decode_attention": _fake_paged_decode_attention,
     "argmax_rows": _fake_argmax_rows,
     "decode_layer": _fake_decode_layer,
     "stream_read_sum": _fake_stream_read_sum,

@@ -15,6 +15,8 @@ checkpoint needs no conversion to be run by the reference):
 """
 from __future__ import annotations
 
+import math
+
 import sys
 
 import torch
@@ -347,6 +349,54 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     y = torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=am,
                                                          enable_gqa=hq != k.shape[1])
     return y.reshape(b, hq * d)
+
+
+def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor, window: int) -> torch.Tensor:
+    """One query per row over a paged KV cache: ``q [B, Hq, D]``; ``k_pool``/``v_pool``
+    ``[num_blocks, Hkv, block_size, D]`` (float32, bfloat16 or float16, any of them under
+    a float32 / bfloat16 ``q``); row r's key at position p lives in block
+    ``block_tables[r, p // block_size]`` (int32 ``[B, M]``) at offset ``p % block_size``.
+    Row r attends to its keys ``0 .. context_lens[r] - 1`` (int32 ``[B]``, each >= 1), and
+    with ``window > 0`` only to the last ``window`` of them (0 = full attention). Query
+    head h reads kv head ``h // (Hq / Hkv)``; scores ``q . k / sqrt(D)`` and the softmax in
+    float32; returns ``[B, Hq, D]`` rounded to q's dtype. Table entries past a row's
+    context are never read (they may hold anything)."""
+    b, hq, d = q.shape
+    nb, hkv, bs, dk = k_pool.shape
+    if v_pool.shape != k_pool.shape or dk != d or hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"paged_decode_attention: q {tuple(q.shape)} does not fit k_pool {tuple(k_pool.shape)} / "
+                         f"v_pool {tuple(v_pool.shape)} (head_dim, or Hq % Hkv)")
+    if block_tables.dim() != 2 or block_tables.shape[0] != b or context_lens.shape != (b,):
+        raise ValueError(f"paged_decode_attention: block_tables must be [B, M] and context_lens [B] with B = {b}, "
+                         f"got {tuple(block_tables.shape)} and {tuple(context_lens.shape)}")
+    if window < 0:
+        raise ValueError(f"paged_decode_attention: window must be >= 0 (0 = full attention), got {window}")
+    lens = context_lens.to(torch.long)
+    if b == 0:
+        return q.new_empty(q.shape)
+    if int(lens.min()) < 1 or int(lens.max()) > block_tables.shape[1] * bs:
+        raise ValueError(f"paged_decode_attention: context_lens must be in 1..M * block_size = "
+                         f"{block_tables.shape[1] * bs}, got {lens.tolist()}")
+    s = int(lens.max())
+    pos = torch.arange(s, device=q.device)
+    valid = pos.unsqueeze(0) < lens.unsqueeze(1)  # [B, S]
+    if window > 0:
+        valid &= pos.unsqueeze(0) >= (lens - window).unsqueeze(1)
+    blocks = block_tables.to(torch.long)[:, pos // bs]
+    blocks = torch.where(valid, blocks, torch.zeros_like(blocks))  # unused entries may be anything
+    if int(blocks.min()) < 0 or int(blocks.max()) >= nb:
+        raise ValueError(f"paged_decode_attention: a block table entry in use is outside 0..{nb - 1}")
+    offsets = (pos % bs).expand(b, s)
+    k = k_pool[blocks, :, offsets].to(torch.float32)  # [B, S, Hkv, D]
+    v = v_pool[blocks, :, offsets].to(torch.float32)
+    group = hq // hkv
+    qf = q.to(torch.float32).view(b, hkv, group, d)
+    scores = torch.einsum("bhgd,bshd->bhgs", qf, k) / math.sqrt(d)
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("bhgs,bshd->bhgd", probs, v)
+    return out.reshape(b, hq, d).to(q.dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,131 @@
+"""compress::paged_decode_attention: the reference against a plain per-row computation
+on the gathered keys, and every kernel (the native op on each ISA) against the reference
+at odd lengths and block boundaries, shuffled block tables, GQA ratios, windows and the
+fp32 / bf16 / fp16 cache element types; opcheck; errors."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from compress.ops import reference
+
+BS = 8  # block size of the cases
+# context lengths around block boundaries: 1, BS-1, BS, BS+1, 3 BS+5
+LENS = [1, BS - 1, BS, BS + 1, 3 * BS + 5]
+
+
+def paged_case(lens: list[int], hq: int, hkv: int, d: int, q_dtype=torch.float32, kv_dtype=torch.float32,
+               block_size: int = BS, spare_blocks: int = 3, seed: int = 0):
+    """(q, k_pool, v_pool, block_tables, context_lens) with each row's blocks drawn from a
+    shuffled pool (so no row's blocks are in order or adjacent), table entries past a
+    row's context set to -1, and a few pool blocks nobody uses."""
+    gen = torch.Generator().manual_seed(seed)
+    need = [-(-n // block_size) for n in lens]
+    m = max(need) + 1  # one column more than any row needs
+    nb = sum(need) + spare_blocks
+    order = torch.randperm(nb, generator=gen).tolist()
+    tables = torch.full((len(lens), m), -1, dtype=torch.int32)
+    nxt = 0
+    for r, n in enumerate(need):
+        tables[r, :n] = torch.tensor(order[nxt:nxt + n], dtype=torch.int32)
+        nxt += n
+    k_pool = torch.randn(nb, hkv, block_size, d, generator=gen).to(kv_dtype)
+    v_pool = torch.randn(nb, hkv, block_size, d, generator=gen).to(kv_dtype)
+    q = torch.randn(len(lens), hq, d, generator=gen).to(q_dtype)
+    return q, k_pool, v_pool, tables, torch.tensor(lens, dtype=torch.int32)
+
+
+def plain_attention(q, k_pool, v_pool, tables, lens, window):
+    """Row by row and head by head in float64 on the keys gathered position by position."""
+    b, hq, d = q.shape
+    hkv, bs = k_pool.shape[1], k_pool.shape[2]
+    out = torch.empty(b, hq, d, dtype=torch.float64)
+    for r in range(b):
+        n = int(lens[r])
+        first = max(0, n - window) if window > 0 else 0
+        keys = torch.stack([k_pool[int(tables[r, p // bs]), :, p % bs] for p in range(first, n)]).double()
+        vals = torch.stack([v_pool[int(tables[r, p // bs]), :, p % bs] for p in range(first, n)]).double()
+        for h in range(hq):
+            kv = h // (hq // hkv)
+            p = torch.softmax(keys[:, kv] @ q[r, h].double() / math.sqrt(d), dim=0)
+            out[r, h] = p @ vals[:, kv]
+    return out
+
+
+@pytest.mark.parametrize("window", [0, 1, 5, BS + 3])
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (8, 2)], ids=lambda h: f"{h[0]}q{h[1]}kv")
+def test_reference_matches_plain_attention(heads, window):
+    q, k, v, tables, lens = paged_case(LENS, *heads, 16)
+    got = reference.paged_decode_attention(q, k, v, tables, lens, window)
+    assert got.shape == q.shape and got.dtype == q.dtype
+    torch.testing.assert_close(got.double(), plain_attention(q, k, v, tables, lens, window), rtol=1e-5, atol=1e-5)
+
+
+def test_reference_window_past_the_context_is_full_attention():
+    q, k, v, tables, lens = paged_case(LENS, 4, 2, 16)
+    torch.testing.assert_close(reference.paged_decode_attention(q, k, v, tables, lens, 1000),
+                               reference.paged_decode_attention(q, k, v, tables, lens, 0))
+
+
+def test_reference_row_of_length_one_is_its_value():
+    q, k, v, tables, lens = paged_case([1], 4, 2, 16)
+    got = reference.paged_decode_attention(q, k, v, tables, lens, 0)
+    want = v[int(tables[0, 0]), :, 0].repeat_interleave(2, dim=0)
+    torch.testing.assert_close(got[0], want)
+
+
+KV_DTYPES = [(torch.float32, torch.float32), (torch.float32, torch.bfloat16), (torch.float32, torch.float16),
+             (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float16), (torch.bfloat16, torch.float32)]
+
+
+@pytest.mark.parametrize("dtypes", KV_DTYPES, ids=lambda t: f"q_{str(t[0])[6:]}-kv_{str(t[1])[6:]}")
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (8, 2)], ids=lambda h: f"{h[0]}q{h[1]}kv")
+@pytest.mark.parametrize("window", [0, 5])
+@pytest.mark.parametrize("d", [64, 20])
+def test_native_matches_reference(isa, dtypes, heads, window, d):
+    """head_dim 64 takes the vector paths, 20 (not a multiple of 8) the generic one; the
+    forced scalar ISA the generic one too."""
+    q_dtype, kv_dtype = dtypes
+    q, k, v, tables, lens = paged_case(LENS, *heads, d, q_dtype, kv_dtype)
+    got = torch.ops.compress.paged_decode_attention(q, k, v, tables, lens, window)
+    want = reference.paged_decode_attention(q, k, v, tables, lens, window)
+    assert got.shape == q.shape and got.dtype == q_dtype
+    tol = dict(rtol=1e-5, atol=1e-5) if q_dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(got, want, **tol)
+
+
+def test_native_long_context_and_one_key_rows(isa):
+    """Rows whose lengths differ by two orders of magnitude in one batch (threads split
+    over rows and heads), with a row of one key."""
+    q, k, v, tables, lens = paged_case([1, 300, 2, 129], 8, 2, 64, block_size=16)
+    for window in (0, 7):
+        torch.testing.assert_close(torch.ops.compress.paged_decode_attention(q, k, v, tables, lens, window),
+                                   reference.paged_decode_attention(q, k, v, tables, lens, window),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_opcheck():
+    args = paged_case(LENS, 4, 2, 16)
+    torch.library.opcheck(torch.ops.compress.paged_decode_attention.default, (*args, 5),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+
+
+@pytest.mark.parametrize("impl", ["native", "reference"])
+def test_errors_name_the_problem(impl):
+    op = (torch.ops.compress.paged_decode_attention if impl == "native" else reference.paged_decode_attention)
+    errors = (RuntimeError, ValueError)
+    q, k, v, tables, lens = paged_case([3, 9], 4, 2, 16)
+    with pytest.raises(errors, match="Hq % Hkv|head_dim"):
+        op(torch.randn(2, 3, 16), k, v, tables, lens, 0)
+    with pytest.raises(errors, match="context_lens"):
+        op(q, k, v, tables, torch.tensor([0, 9], dtype=torch.int32), 0)
+    with pytest.raises(errors, match="context_lens"):
+        op(q, k, v, tables, torch.tensor([3, tables.shape[1] * BS + 1], dtype=torch.int32), 0)
+    with pytest.raises(errors, match="block table"):
+        bad = tables.clone()
+        bad[1, 0] = k.shape[0]
+        op(q, k, v, bad, lens, 0)
+    with pytest.raises(errors, match="window"):
+        op(q, k, v, tables, lens, -1)
