@@ -69,11 +69,11 @@ def _reference(cache, llm, cfg: KLConfig, progress: bool) -> tuple[KLReference, 
 
 
 def size_fields(path: str | Path) -> dict:
-    """Size on disk and bits per weight, as ``compress inspect`` reports them."""
+    """Parameters, size on disk and bits per weight, as ``compress inspect`` reports them."""
     from compress.io.inspect import inspect_checkpoint
 
     info = inspect_checkpoint(path, verify=False)
-    return {"size_bytes": info["weights_bytes"], "bits_per_weight": info["bits_per_weight"],
+    return {"parameters": info["parameter_count"], "size_bytes": info["weights_bytes"], "bits_per_weight": info["bits_per_weight"],
             "bits_per_weight_overall": info["bits_per_weight_overall"]}
 
 

@@ -1,9 +1,11 @@
 """The side-by-side report of every stage: ``report.json`` and ``report.md``.
 
-A stage record is a plain dict: ``name, path, size_bytes, bits_per_weight, perplexity,
-kl_to_base, top1_agreement, tasks {task: {metric: value}}, prefill_tok_s, decode_tok_s``
-plus anything extra (kept in the JSON). The first record is the unmodified model, ``base``.
-Both files are written atomically (temporary file, then rename).
+A stage record is a plain dict: ``name, path, parameters, size_bytes, bits_per_weight,
+perplexity, kl_to_base, top1_agreement, tasks {task: {metric: value}}, prefill_tok_s,
+decode_tok_s`` plus anything extra (kept in the JSON). The first record is the unmodified
+model, ``base``. Both files are written atomically (temporary file, then rename); the
+plots (``evals/report_plots.py``: perplexity and decode speed against size, Pareto front
+highlighted) are PNGs beside them, linked from ``report.md``, or a note says why not.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from compress.io.files import atomic_write_text
 
 COLUMNS = [  # (key, header, format, the cell of the record's "errors" that fills it)
+    ("parameters", "parameters", "count", "size"),
     ("size_bytes", "size", "size", "size"),
     ("bits_per_weight", "bits/weight", "{:.2f}", "size"),
     ("perplexity", "perplexity", "{:.3f}", "perplexity"),
@@ -31,6 +34,8 @@ COLUMNS = [  # (key, header, format, the cell of the record's "errors" that fill
 ERROR_CELL = "error"
 
 COLUMN_NOTES = {
+    "parameters": "parameters of the stage's model (a quantized linear counts its logical "
+                  "out x in weights; a tied embedding once): a pruned stage has fewer",
     "size": "bytes on disk of the stage's checkpoint weights (safetensors files)",
     "bits/weight": "stored bits per parameter of the quantizable linear weights, scales and "
                    "zero points included (16/32 = unquantized)",
@@ -55,6 +60,8 @@ def _fmt(value, fmt: str) -> str:
         return "—"
     if fmt == "size":
         return human_bytes(value)
+    if fmt == "count":
+        return human_count(value)
     try:
         return fmt.format(value)
     except (ValueError, TypeError):
@@ -67,6 +74,13 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
     return str(n)
+
+
+def human_count(n: float) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return f"{n:.0f}"
 
 
 def machine_info(threads: int | None = None) -> dict:
@@ -113,8 +127,21 @@ def _settings_line(stages: list[dict]) -> str | None:
     return "; ".join(parts) + context + "." if parts else None
 
 
+def _plots_section(plots) -> list[str]:
+    """Links to the PNGs written beside report.md, and why any is missing."""
+    if plots is None:
+        return []
+    lines = ["", "## Plots", ""]
+    lines += [f"![{title}]({file})" + "\n" for file, title in plots.written]
+    lines += [f"- {note}" for note in plots.notes]
+    if plots.written:
+        lines.append("Pareto front (red): the stages that no other stage beats on both size and the figure.")
+    return lines
+
+
 def render_markdown(stages: list[dict], title: str = "compress report",
-                    machine: dict | None = None) -> str:
+                    machine: dict | None = None, plots=None) -> str:
+    """``plots``: the :class:`evals.report_plots.PlotResult` of the PNGs beside the report."""
     lines = [f"# {title}", ""]
     head = ["stage"] + [h for _, h, _, _ in COLUMNS]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -123,6 +150,7 @@ def render_markdown(stages: list[dict], title: str = "compress report",
             ERROR_CELL if s.get(k) is None and _failed(s, cell) else _fmt(s.get(k), f)
             for k, _, f, cell in COLUMNS]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += _plots_section(plots)
     tm = _task_metrics(stages)
     failed_tasks = sorted({c.partition(".")[2] for s in stages for c in (s.get("errors") or {})
                            if c.startswith("tasks.")} - {t for t, _ in tm})
@@ -184,7 +212,8 @@ def _jsonable(x):
 
 def write_report(stages: list[dict], out_dir: str | Path, title: str = "compress report",
                  machine: dict | None = None) -> tuple[Path, Path]:
-    """Write ``report.json`` and ``report.md`` into ``out_dir``; returns their paths."""
+    """Write ``report.json``, ``report.md`` and the plots into ``out_dir``; returns the
+    paths of the JSON and the markdown."""
     if not stages:
         raise ValueError("a report needs at least one stage record")
     if stages[0].get("name") != "base":
@@ -194,5 +223,9 @@ def write_report(stages: list[dict], out_dir: str | Path, title: str = "compress
     json_path, md_path = out / "report.json", out / "report.md"
     payload = {"stages": _jsonable(stages), "machine": machine}
     atomic_write_text(json_path, json.dumps(payload, indent=2) + "\n")
-    atomic_write_text(md_path, render_markdown(stages, title, machine))
+    from evals.report_plots import write_plots
+
+    out.mkdir(parents=True, exist_ok=True)
+    plots = write_plots(stages, out)
+    atomic_write_text(md_path, render_markdown(stages, title, machine, plots))
     return json_path, md_path

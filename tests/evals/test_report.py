@@ -5,11 +5,11 @@ import pytest
 from evals.report import render_markdown, write_report
 
 STAGES = [
-    {"name": "base", "path": "/ckpt/base", "size_bytes": 24_000_000, "bits_per_weight": 32.0,
+    {"name": "base", "path": "/ckpt/base", "parameters": 6_000_000, "size_bytes": 24_000_000, "bits_per_weight": 32.0,
      "perplexity": 12.5, "kl_to_base": 0.0, "top1_agreement": 1.0, "prefill_tok_s": 5000.0,
      "decode_tok_s": 120.0, "tasks": {"pydoc_cloze": {"acc": 0.61, "acc_stderr": 0.03},
                                       "pydoc_ppl": {"word_perplexity": 40.1}}},
-    {"name": "rtn_int4", "path": "/ckpt/int4", "size_bytes": 4_000_000, "bits_per_weight": 4.25,
+    {"name": "rtn_int4", "path": "/ckpt/int4", "parameters": 6_000_000, "size_bytes": 4_000_000, "bits_per_weight": 4.25,
      "perplexity": 13.1, "kl_to_base": 0.031, "top1_agreement": 0.93, "prefill_tok_s": None,
      "decode_tok_s": float("nan"), "tasks": {"pydoc_cloze": {"acc": 0.58}}, "extra": [1, 2]},
 ]
@@ -21,11 +21,12 @@ def test_write_report_json_and_markdown(tmp_path):
     assert [s["name"] for s in data["stages"]] == ["base", "rtn_int4"]
     assert data["stages"][1]["decode_tok_s"] is None and data["stages"][1]["extra"] == [1, 2]
     md = m.read_text()
-    assert "| `base` | 22.89 MiB | 32.00 | 12.500 | 0.00000 | 100.00% | 5,000 | 120.0 |" in md
+    assert "| `base` | 6.00M | 22.89 MiB | 32.00 | 12.500 | 0.00000 | 100.00% | 5,000 | 120.0 |" in md
     assert "| pydoc_cloze | acc | 0.6100 ± 0.0300 | 0.5800 |" in md
     assert "| pydoc_ppl | word_perplexity | 40.1000 | — |" in md
     assert "2 threads" in md and "KL to base" in md
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["report.json", "report.md"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "decode_vs_size.png", "perplexity_vs_size.png", "report.json", "report.md"]
 
 
 def test_first_stage_must_be_base(tmp_path):
@@ -38,7 +39,7 @@ def test_first_stage_must_be_base(tmp_path):
 
 def test_markdown_without_tasks():
     md = render_markdown([{"name": "base"}], machine={})
-    assert "| `base` | — |" in md and "Tasks" not in md
+    assert "| `base` | — | — |" in md and "Tasks" not in md
 
 
 def test_int4_activation_precision_is_recorded_per_stage():
