@@ -1,4 +1,4 @@
-"""The ``compress`` command line: run, eval, generate, inspect, lm-eval, bench, methods."""
+"""The ``compress`` command line: run, eval, generate, inspect, lm-eval, bench, serve, methods."""
 from __future__ import annotations
 
 import argparse
@@ -174,6 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     from compress.bench import add_bench_parser
 
     add_bench_parser(sub)
+
+    from compress.serve.cli import add_serve_parser
+
+    add_serve_parser(sub)
     return p
 
 

@@ -1,0 +1,113 @@
+"""``POST /v1/chat/completions``: messages through the chat template, one reply.
+
+The prompt is :func:`~compress.serve.chat_template.render_chat` of the messages, encoded
+without adding special tokens (the template holds them). ``max_tokens`` (or
+``max_completion_tokens``) defaults to the rest of the context. Streaming sends the
+assistant role first, then content deltas, then an empty delta with the finish reason,
+then (``stream_options.include_usage``) a chunk with no choices and the usage.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+
+from compress.serve.chat_template import default_stops, render_chat
+from compress.serve.generation import ClientGone, Generation
+from compress.serve.logprobs import chat_logprobs
+from compress.serve.protocol import APIError, ChatCompletionRequest
+from compress.serve.sampling import sampling_params
+from compress.serve.sse import SSE_DONE, GuardedStream, StopHoldback, sse_event
+
+
+def chat_prompt_ids(state, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    if state.tokenizer is None:
+        raise APIError("messages: this model has no tokenizer, so it cannot chat", param="messages")
+    text = render_chat(state.tokenizer, messages, add_generation_prompt)
+    return state.encode(text, add_special_tokens=False, param="messages")
+
+
+async def create_chat_completion(state, body: ChatCompletionRequest, request):
+    state.check_model(body.model)
+    ids = chat_prompt_ids(state, body.plain_messages(), body.add_generation_prompt)
+    ctx = state.max_seq_len
+    if len(ids) >= ctx:
+        raise APIError(f"messages: the conversation has {len(ids)} tokens; the model's context is {ctx} "
+                       f"tokens and a reply needs at least one more", param="messages",
+                       code="context_length_exceeded")
+    max_tokens = body.requested_max_tokens()
+    if max_tokens is None:
+        max_tokens = ctx - len(ids)
+    elif len(ids) + max_tokens > ctx:
+        name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+        raise APIError(f"{name}: {max_tokens} tokens after a conversation of {len(ids)} exceed the "
+                       f"model's context of {ctx} tokens (at most {ctx - len(ids)})", param=name,
+                       code="context_length_exceeded")
+    top = (body.top_logprobs or 0) if body.logprobs else None
+    stops = body.stop_list() + default_stops(state.tokenizer)
+    params = sampling_params(body, max_tokens, stops, top)
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    state.admit(1)
+    gen = Generation(state, rid, 1, request)
+    try:
+        gen.start(0, ids, params, top)
+    except BaseException:
+        gen.close()
+        state.release(1)
+        raise
+    if body.stream:
+        return GuardedStream(_stream(state, body, rid, gen, len(ids), stops),
+                             lambda: (gen.close(), state.release(1)))
+    tokens, lps, text, reason = [], [], "", None
+    try:
+        while gen.running:
+            _, item = await gen.next()
+            tokens.extend(item.new_token_ids)
+            lps.extend(item.new_logprobs)
+            text = item.text
+            if item.finished:
+                reason = item.finish_reason or "length"
+    finally:
+        gen.close()
+        state.release(1)
+    return {"id": rid, "object": "chat.completion", "created": int(time.time()),
+            "model": state.config.model_name,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "logprobs": chat_logprobs(lps, state.token_text) if body.logprobs else None,
+                         "finish_reason": reason or "length"}],
+            "usage": {"prompt_tokens": len(ids), "completion_tokens": len(tokens),
+                      "total_tokens": len(ids) + len(tokens)}}
+
+
+async def _stream(state, body, rid, gen: Generation, prompt_tokens: int, stops: list[str]):
+    created = int(time.time())
+
+    def chunk(delta: dict, finish_reason=None, logprobs=None):
+        return sse_event({"id": rid, "object": "chat.completion.chunk", "created": created,
+                          "model": state.config.model_name,
+                          "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
+                                       "finish_reason": finish_reason}]})
+
+    hold = StopHoldback(stops)
+    completion_tokens = 0
+    try:
+        yield chunk({"role": "assistant", "content": ""})
+        while gen.running:
+            _, item = await gen.next()
+            completion_tokens += len(item.new_token_ids)
+            delta = hold.release(item.text, item.finished)
+            lps = chat_logprobs(item.new_logprobs, state.token_text) if body.logprobs else None
+            if delta or (lps and lps["content"]):
+                yield chunk({"content": delta}, logprobs=lps)
+            if item.finished:
+                yield chunk({}, item.finish_reason or "length")
+        if body.stream_options is not None and body.stream_options.include_usage:
+            yield sse_event({"id": rid, "object": "chat.completion.chunk", "created": created,
+                             "model": state.config.model_name, "choices": [],
+                             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                                       "total_tokens": prompt_tokens + completion_tokens}})
+        yield SSE_DONE
+    except ClientGone:
+        return
+    except APIError as err:
+        yield sse_event(err.body())
+        yield SSE_DONE

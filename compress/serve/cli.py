@@ -1,0 +1,97 @@
+"""``compress serve [PATH]``: the OpenAI-compatible HTTP server over the runtime's engine."""
+from __future__ import annotations
+
+import argparse
+import inspect
+import logging
+import os
+from pathlib import Path
+
+from compress.w4_activations import DEFAULT_W4_ACTIVATIONS, W4_ACTIVATIONS
+
+EMBEDDED_MODEL = Path(__file__).resolve().parents[2] / "models" / "pydoc-llama"
+
+# command-line option -> LLM keyword (given only when set, so the runtime's defaults apply)
+RUNTIME_OPTIONS = {
+    "dtype": "dtype", "kernels": "kernels", "threads": "threads", "max_seq_len": "max_seq_len",
+    "max_num_seqs": "max_batch_size", "kv_cache_tokens": "kv_cache_tokens", "block_size": "block_size",
+    "max_num_batched_tokens": "max_num_batched_tokens", "kv_cache_dtype": "kv_cache_dtype",
+    "w4_activations": "w4_activations", "enable_chunked_prefill": "enable_chunked_prefill",
+    "enable_prefix_caching": "enable_prefix_caching",
+}
+
+
+def add_serve_parser(sub) -> None:
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (completions, chat, tokenizer, metrics)",
+                       description=__doc__)
+    s.add_argument("path", nargs="?", default=str(EMBEDDED_MODEL),
+                   help="checkpoint directory (default: the embedded model, models/pydoc-llama)")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--api-key", default=os.environ.get("COMPRESS_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on every route but /health "
+                        "(default: $COMPRESS_API_KEY, else none)")
+    s.add_argument("--served-model-name", help="the model's name in the API (default: the directory's name)")
+    s.add_argument("--max-queue", type=int, default=64,
+                   help="sequences that may wait beyond those running; more get 503 + Retry-After")
+    s.add_argument("--request-timeout", type=float, default=600.0,
+                   help="seconds a request may take before it is aborted (504); 0: no limit")
+    s.add_argument("--shutdown-grace", type=float, default=30.0,
+                   help="on SIGTERM, seconds to let requests in flight finish before they are aborted")
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    r = s.add_argument_group("runtime")
+    r.add_argument("--threads", type=int, default=None)
+    r.add_argument("--max-num-seqs", type=int, default=16, help="sequences the engine runs at once")
+    r.add_argument("--kv-cache-tokens", type=int, default=None, help="KV cache size in tokens (all sequences)")
+    r.add_argument("--block-size", type=int, default=None, help="tokens per KV cache block")
+    r.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per engine step")
+    r.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false", default=None)
+    r.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None)
+    r.add_argument("--max-seq-len", type=int, default=None, help="context length (default: the model's)")
+    r.add_argument("--dtype", default=None, choices=["float32", "bfloat16"])
+    r.add_argument("--kv-cache-dtype", default=None, choices=["float16", "bfloat16", "float32"])
+    r.add_argument("--kernels", default=None, choices=["native", "reference"])
+    r.add_argument("--w4-activations", default=None, choices=W4_ACTIVATIONS,
+                   help=f"activations of int4 layers (default {DEFAULT_W4_ACTIVATIONS})")
+    s.set_defaults(func=_cmd_serve)
+
+
+def llm_kwargs(args, llm_class) -> dict:
+    """The runtime options that were given, checked against ``llm_class``'s constructor."""
+    from compress.errors import UserError
+
+    accepted = inspect.signature(llm_class.__init__).parameters
+    kwargs = {}
+    for option, keyword in RUNTIME_OPTIONS.items():
+        value = getattr(args, option, None)
+        if value is None:
+            continue
+        if keyword not in accepted:
+            raise UserError(f"--{option.replace('_', '-')}: this runtime's LLM has no option {keyword!r}")
+        kwargs[keyword] = value
+    return kwargs
+
+
+def _cmd_serve(args) -> int:
+    from compress.errors import UserError
+
+    for name in ("port", "max_queue", "max_num_seqs"):
+        if getattr(args, name) < 0 or (name == "max_num_seqs" and args.max_num_seqs < 1):
+            raise UserError(f"--{name.replace('_', '-')} must be {'>= 1' if name == 'max_num_seqs' else '>= 0'}")
+    if not Path(args.path).is_dir():
+        raise FileNotFoundError(f"checkpoint directory not found: {args.path}")
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from compress.runtime import LLM
+    from compress.serve.server import serve
+    from compress.serve.state import ServeConfig, default_model_name
+
+    llm = LLM(args.path, **llm_kwargs(args, LLM))
+    config = ServeConfig(model_name=args.served_model_name or default_model_name(args.path),
+                         api_key=args.api_key or None, max_queue=args.max_queue,
+                         max_num_seqs=args.max_num_seqs,
+                         request_timeout=args.request_timeout or None)
+    print(f"compress serve: {config.model_name} ({args.path}) on http://{args.host}:{args.port}"
+          f"{' (API key required)' if config.api_key else ''}", flush=True)
+    return serve(llm, config, host=args.host, port=args.port, shutdown_grace=args.shutdown_grace,
+                 log_level=args.log_level)

@@ -1,0 +1,263 @@
+"""The OpenAI HTTP API's request bodies, validated, and its error body.
+
+Every request body is parsed here: malformed JSON, an unknown field, a value of the
+wrong type or out of range becomes an :class:`APIError` (HTTP 400) whose body is
+OpenAI's ``{"error": {"message", "type", "param", "code"}}`` with ``param`` naming
+the field (``messages.1.content`` for nested ones). Models are strict (no string to
+number coercion) and forbid unknown fields. Fields OpenAI defines that the runtime
+does not implement are accepted only at their neutral value (``n=1``,
+``presence_penalty=0``, ...), so a client that asks for them is told, not ignored.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+MAX_LOGPROBS = 20      # top alternatives per token (vLLM's default bound; OpenAI's is 5)
+
+
+class APIError(Exception):
+    """An error answered as OpenAI does: HTTP ``status`` and ``{"error": {...}}``."""
+
+    def __init__(self, message: str, status: int = 400, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.message, self.status, self.type, self.param, self.code = message, status, type, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _SamplingFields(_Strict):
+    """Fields shared by completions and chat completions."""
+    model: str | None = None
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # vLLM's extensions the runtime supports
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, v):
+        if v != 1:
+            raise ValueError("only n=1 is supported")
+        return v
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, v):
+        if v != 0:
+            raise ValueError("penalties are not supported (only 0)")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, v):
+        if v:
+            raise ValueError("logit_bias is not supported")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, v):
+        if isinstance(v, list) and len(v) > 16:
+            raise ValueError("at most 16 stop strings")
+        return v
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self):
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options: only allowed when stream is true")
+        return self
+
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class CompletionRequest(_SamplingFields):
+    """``POST /v1/completions``. ``prompt``: a string, a list of token ids, or a list of
+    either (one choice per prompt). ``max_tokens=0`` is allowed only with ``echo``
+    (score the prompt, generate nothing: what lm-eval's loglikelihood asks for)."""
+    prompt: Any
+    max_tokens: int | None = Field(16, ge=0)
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    best_of: int | None = None
+    suffix: str | None = None
+    add_special_tokens: bool = True
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_shape(cls, v):
+        return normalize_prompts(v)
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of(cls, v):
+        if v not in (None, 1):
+            raise ValueError("only best_of=1 is supported")
+        return v
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v):
+        if v:
+            raise ValueError("suffix is not supported")
+        return v
+
+    @model_validator(mode="after")
+    def _zero_tokens_needs_echo(self):
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens: must be at least 1 (0 only with echo)")
+        return self
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """``POST /v1/chat/completions``. ``max_completion_tokens`` is OpenAI's newer name of
+    ``max_tokens`` (give one); ``logprobs`` is a flag and ``top_logprobs`` the count."""
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    add_generation_prompt: bool = True
+
+    @model_validator(mode="after")
+    def _one_max(self):
+        if self.max_tokens is not None and self.max_completion_tokens is not None:
+            raise ValueError("max_completion_tokens: give max_tokens or max_completion_tokens, not both")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs: needs logprobs=true")
+        return self
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def plain_messages(self) -> list[dict]:
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+
+class TokenizeRequest(_Strict):
+    """``POST /tokenize`` (vLLM's shape): a ``prompt`` or chat ``messages``."""
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("prompt: give exactly one of prompt or messages")
+        return self
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: list[int]
+
+
+def normalize_prompts(value) -> list[str | list[int]]:
+    """A completions ``prompt`` as a list of prompts, each a string or a list of ints."""
+    def is_ids(x):
+        return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and is_ids(value):
+        return [list(value)]
+    if isinstance(value, list) and value and all(isinstance(p, str) or (is_ids(p) and p) for p in value):
+        return [p if isinstance(p, str) else list(p) for p in value]
+    raise ValueError("must be a string, a non-empty list of token ids, or a non-empty list of those")
+
+
+def parse_json_body(raw: bytes) -> dict:
+    """The request body as a JSON object; 400 otherwise (NaN and Infinity are not JSON)."""
+    def no_constants(name):
+        raise ValueError(f"{name} is not valid JSON")
+
+    try:
+        data = json.loads(raw, parse_constant=no_constants)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise APIError(f"malformed JSON body: {exc}", param=None, code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise APIError("the request body must be a JSON object", code="invalid_json")
+    return data
+
+
+def validate(model_class: type[BaseModel], data: dict) -> BaseModel:
+    """``model_class(**data)`` or an :class:`APIError` naming the first bad field."""
+    try:
+        return model_class.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def validation_error(exc: ValidationError) -> APIError:
+    err = exc.errors(include_url=False)[0]
+    raw_loc = err.get("loc", ())
+    # pydantic puts the member of a union it tried into the location ('str', 'list[int]')
+    loc = [str(p) for p in raw_loc if isinstance(p, int) or (
+        isinstance(p, str) and p.isidentifier() and p not in _TYPE_TAGS)]
+    param = ".".join(loc) or None
+    message = err.get("msg", "invalid value")
+    if len(loc) < len(raw_loc):
+        message = "has the wrong type or value"
+    if message.startswith("Value error, "):
+        message = message[len("Value error, "):]
+    if err.get("type") == "extra_forbidden":
+        message = "unknown field"
+    named, _, rest = message.partition(": ")
+    if rest and named.isidentifier() and param is None:   # model-level checks name their field
+        param, message = named, rest
+    elif rest and named == param:
+        message = rest
+    if param and err.get("type") != "extra_forbidden" and "input" in err and not isinstance(
+            err["input"], (dict, list)):
+        message = f"{message} (got {err['input']!r})"
+    return APIError(f"{param}: {message}" if param else message, param=param,
+                    code="invalid_value" if param else "invalid_request")

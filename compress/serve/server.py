@@ -1,0 +1,101 @@
+"""Running the server: the model, the engine thread, uvicorn, and a clean SIGTERM.
+
+:func:`serve` is what ``compress serve`` runs in the foreground. SIGTERM (or Ctrl-C)
+makes uvicorn stop accepting connections and wait up to ``shutdown_grace`` seconds for
+the requests in flight to finish; those still running then are cancelled (each aborts
+its sequences), the engine thread is stopped, and the process exits 0.
+
+:class:`ServerThread` runs the same application on a thread of the calling process on a
+socket it has already bound (port 0: any free port), for tests and scripts.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import threading
+import time
+
+import uvicorn
+
+from compress.serve.app import build_app
+from compress.serve.engine_loop import EngineLoop
+from compress.serve.state import ServeConfig, ServerState
+
+log = logging.getLogger(__name__)
+
+
+def make_app(llm, config: ServeConfig):
+    """``(asgi_app, state)`` over ``llm`` with a started engine thread; the thread stops at
+    the end of the application's lifespan."""
+    engine_loop = EngineLoop(llm).start()
+    state = ServerState(config, llm, engine_loop)
+    return build_app(state, on_shutdown=engine_loop.stop), state
+
+
+def _uvicorn_config(app, host: str, port: int, shutdown_grace: float, log_level: str) -> uvicorn.Config:
+    return uvicorn.Config(app, host=host, port=port, lifespan="on", log_level=log_level,
+                          timeout_graceful_shutdown=shutdown_grace, access_log=log_level == "debug")
+
+
+def serve(llm, config: ServeConfig, host: str = "127.0.0.1", port: int = 8000,
+          shutdown_grace: float = 30.0, log_level: str = "info") -> int:
+    app, state = make_app(llm, config)
+    server = uvicorn.Server(_uvicorn_config(app, host, port, shutdown_grace, log_level))
+    # uvicorn re-raises the signal that stopped it once it has shut down; with the default
+    # handler that would end the process "killed by SIGTERM". Ours makes that a no-op, so a
+    # drained server exits 0.
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        server.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        state.engine_loop.stop()
+    return 0 if state.engine_loop.error is None else 1
+
+
+class ServerThread:
+    """``compress serve`` inside this process, on a background thread::
+
+        with ServerThread(llm, ServeConfig(model_name="m")) as srv:
+            requests.get(srv.url + "/health")
+    """
+
+    def __init__(self, llm, config: ServeConfig, host: str = "127.0.0.1", port: int = 0,
+                 shutdown_grace: float = 5.0, log_level: str = "warning"):
+        self.app, self.state = make_app(llm, config)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.host, self.port = self.sock.getsockname()[:2]
+        self.server = uvicorn.Server(_uvicorn_config(self.app, host, self.port, shutdown_grace, log_level))
+        self._thread = threading.Thread(target=self._run, name="compress-serve-http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _run(self) -> None:
+        asyncio.run(self.server.serve(sockets=[self.sock]))
+
+    def start(self, timeout: float = 30.0) -> "ServerThread":
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the server on {self.url} did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout)
+        self.state.engine_loop.stop()
+        self.sock.close()
+
+    def __enter__(self) -> "ServerThread":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

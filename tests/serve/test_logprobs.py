@@ -1,0 +1,47 @@
+"""Prompt scoring and the two OpenAI logprob layouts."""
+import torch
+
+from compress.serve.logprobs import (TokenLogprob, chat_logprobs, completion_logprobs, from_engine,
+                                     prompt_logprobs)
+import compress.serve.logprobs as logprobs_module
+
+
+def test_prompt_logprobs_match_log_softmax(monkeypatch):
+    monkeypatch.setattr(logprobs_module, "ROWS_PER_CHUNK", 3)   # several chunks
+    torch.manual_seed(0)
+    logits = torch.randn(8, 11)
+    ids = [4, 1, 7, 7, 0, 10, 3, 2]
+    out = prompt_logprobs(logits, ids, top_k=2)
+    lp = torch.log_softmax(logits, -1)
+    assert out[0].logprob is None and out[0].token_id == 4
+    for t in range(1, 8):
+        assert out[t].token_id == ids[t]
+        assert out[t].logprob == lp[t - 1, ids[t]].item()          # exactly: same op, same floats
+        top = lp[t - 1].topk(2)
+        assert [i for i, _ in out[t].top] == top.indices.tolist()
+        assert out[t].top[0][1] == top.values[0].item()
+
+
+def test_greedy_token_is_exactly_the_top_one():
+    logits = torch.tensor([[0.0, 5.0, 1.0], [2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    out = prompt_logprobs(logits, [0, 1, 2], top_k=1)
+    assert out[1].logprob == out[1].top[0][1]        # token 1 is the argmax of row 0
+    assert out[2].logprob < out[2].top[0][1]         # token 2 is not the argmax of row 1
+
+
+def test_from_engine_shapes():
+    assert from_engine(3, -0.5, 1).logprob == -0.5
+    e = from_engine(3, (-0.5, {3: -0.5, 4: -1.0, 5: -0.1}), 2)
+    assert e.logprob == -0.5 and e.top == [(5, -0.1), (3, -0.5)]
+    assert from_engine(4, {3: -0.5, 4: -1.0}, 1).logprob == -1.0
+
+
+def test_completion_and_chat_layouts():
+    entries = [TokenLogprob(1, None), TokenLogprob(2, -0.3, [(2, -0.3), (3, -1.5)])]
+    text = {1: "ab", 2: "c", 3: "d"}.__getitem__
+    obj = completion_logprobs(entries, text)
+    assert obj == {"tokens": ["ab", "c"], "token_logprobs": [None, -0.3],
+                   "top_logprobs": [None, {"c": -0.3, "d": -1.5}], "text_offset": [0, 2]}
+    chat = chat_logprobs(entries[1:], text)
+    assert chat["content"][0]["token"] == "c" and chat["content"][0]["bytes"] == [99]
+    assert [t["token"] for t in chat["content"][0]["top_logprobs"]] == ["c", "d"]

@@ -1,0 +1,86 @@
+"""Request validation: every bad body is an APIError (400) naming its field."""
+import pytest
+
+from compress.serve.protocol import (APIError, ChatCompletionRequest, CompletionRequest, TokenizeRequest,
+                                     parse_json_body, validate)
+
+
+def error_of(model, data) -> APIError:
+    with pytest.raises(APIError) as info:
+        validate(model, data)
+    assert info.value.status == 400
+    return info.value
+
+
+@pytest.mark.parametrize("field,value", [
+    ("temperature", -0.1), ("temperature", 2.5), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2),
+    ("max_tokens", -1), ("logprobs", 21), ("logprobs", -1), ("n", 2), ("seed", -1),
+    ("presence_penalty", 0.5), ("temperature", "0.5"), ("max_tokens", 1.5), ("stream", "yes"),
+    ("best_of", 3), ("stop", 5),
+])
+def test_bad_completion_values_name_their_field(field, value):
+    err = error_of(CompletionRequest, {"prompt": "x", field: value})
+    assert err.param == field and err.message.startswith(f"{field}:"), err.message
+    assert err.body()["error"]["param"] == field
+
+
+def test_unknown_field_is_named():
+    err = error_of(CompletionRequest, {"prompt": "x", "temprature": 0.5})
+    assert err.param == "temprature" and "unknown field" in err.message
+
+
+@pytest.mark.parametrize("prompt", [[], [[]], [1, "a"], 3, None, [1.5], [True, 2]])
+def test_bad_prompts(prompt):
+    assert error_of(CompletionRequest, {"prompt": prompt}).param == "prompt"
+
+
+def test_missing_prompt():
+    assert error_of(CompletionRequest, {"max_tokens": 3}).param == "prompt"
+
+
+def test_prompt_forms_are_normalized():
+    assert validate(CompletionRequest, {"prompt": "a"}).prompt == ["a"]
+    assert validate(CompletionRequest, {"prompt": [1, 2]}).prompt == [[1, 2]]
+    assert validate(CompletionRequest, {"prompt": ["a", [3]]}).prompt == ["a", [3]]
+
+
+def test_max_tokens_zero_needs_echo():
+    assert error_of(CompletionRequest, {"prompt": "a", "max_tokens": 0}).param == "max_tokens"
+    assert validate(CompletionRequest, {"prompt": "a", "max_tokens": 0, "echo": True}).max_tokens == 0
+
+
+def test_stream_options_need_stream():
+    err = error_of(CompletionRequest, {"prompt": "a", "stream_options": {"include_usage": True}})
+    assert err.param == "stream_options"
+
+
+def test_chat_messages_nested_errors_name_the_path():
+    err = error_of(ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"},
+                                                        {"role": "robot", "content": "x"}]})
+    assert err.param.startswith("messages.1"), err.param
+    err = error_of(ChatCompletionRequest, {"messages": []})
+    assert err.param == "messages"
+    err = error_of(ChatCompletionRequest, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
+    assert err.param.startswith("messages.0.content"), err.param
+
+
+def test_chat_max_tokens_conflicts_and_logprob_flags():
+    msgs = [{"role": "user", "content": "hi"}]
+    assert error_of(ChatCompletionRequest, {"messages": msgs, "max_tokens": 2,
+                                            "max_completion_tokens": 3}).param == "max_completion_tokens"
+    assert error_of(ChatCompletionRequest, {"messages": msgs, "top_logprobs": 2}).param == "top_logprobs"
+    body = validate(ChatCompletionRequest, {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}], "max_completion_tokens": 4})
+    assert body.requested_max_tokens() == 4 and body.plain_messages()[0]["content"] == "a\nb"
+
+
+def test_tokenize_needs_one_input():
+    assert error_of(TokenizeRequest, {}).param == "prompt"
+    assert error_of(TokenizeRequest, {"prompt": "a", "messages": [{"role": "user", "content": "b"}]}).param == "prompt"
+
+
+@pytest.mark.parametrize("raw", [b"{", b"[1, 2]", b'{"a": NaN}', b"\xff\xfe", b""])
+def test_malformed_json(raw):
+    with pytest.raises(APIError) as info:
+        parse_json_body(raw)
+    assert info.value.status == 400 and info.value.code == "invalid_json"
