@@ -13,8 +13,8 @@ set_w4a16_amx_min_rows) and fp32 ``matmul``, alternating, so the machine's drift
 all three alike. The W8A8 paths must give the same bits; the W4A16 AMX path rounds
 differently (bf16), so the SQNR between the two sides must stay above 40 dB (20 dB for a
 whole model's logits). ``prefill_ab`` does the same for the prefill of a packed
-checkpoint (one sequence per prompt length, the runtime's ModelRunner, whose linears run
-at M = the prompt length)."""
+checkpoint (one sequence per prompt length, the runtime's cache-free forward, whose
+linears run at M = the prompt length)."""
 from __future__ import annotations
 
 import statistics
@@ -163,9 +163,9 @@ def prefill_ab(checkpoint: str, path: str, prompt_lengths: list[int], rounds: in
             for _ in range(rounds + 1):  # the first round warms up, untimed
                 for name, rows in ((which.on, default), (which.off, NEVER)):
                     which.set_rows(rows)
-                    runner = ModelRunner(model)
+                    runner = ModelRunner(model, None)
                     t0 = time.perf_counter()
-                    logits[name] = runner.prefill([prompt], length + 1)
+                    logits[name] = model.logits(runner.hidden_states(torch.tensor([prompt]))[:, -1])
                     times[name].append(time.perf_counter() - t0)
             rate = {name: length / statistics.median(t[1:]) for name, t in times.items()}
             results.append(PrefillAB(length, rate, compare_outputs(logits[which.on], logits[which.off],

@@ -69,6 +69,12 @@ def _streamed_bytes(model: torch.nn.Module) -> int:
 
 # ---------------------------------------------------------------- compress runtime
 def compress_runner(llm, batch: int, prompt_len: int, new_tokens: int):
+    """Rounds of ``llm.generate`` of ``batch`` prompts. The engine's token budget must
+    hold the whole batch's prompts (``LLM(max_num_batched_tokens=...)``), so that they
+    are prefilled in one step and decoded together after it, as a static batch: prefill
+    tok/s is every prompt token over the time to the first tokens, decode tok/s the
+    tokens after them over the time from the first tokens to the end. Rounds repeat
+    their prompts: the engine must not cache prefixes (``enable_prefix_caching=False``)."""
     from compress.runtime import SamplingParams
 
     prompts = _prompts(batch, prompt_len, llm.config.vocab_size)
@@ -76,8 +82,13 @@ def compress_runner(llm, batch: int, prompt_len: int, new_tokens: int):
     llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))  # warm-up
 
     def one_round():
-        m = llm.generate(prompts, params)[0].metrics
-        return m["prompt_tokens"] / m["prefill_s"], m["batch_size"] * m["decode_steps"] / m["decode_s"]
+        outs = llm.generate(prompts, params)
+        start = min(o.metrics["first_scheduled_time"] for o in outs)
+        first = max(o.metrics["first_token_time"] for o in outs)
+        end = max(o.metrics["finish_time"] for o in outs)
+        prompt_tokens = sum(len(o.prompt_token_ids) for o in outs)
+        decoded = sum(len(o.token_ids) - 1 for o in outs)
+        return prompt_tokens / (first - start), decoded / max(end - first, 1e-9)
     return one_round
 
 
@@ -122,11 +133,14 @@ def run(args, log=print) -> dict:
             for kv in args.kv_cache_dtypes:
                 for act in args.w4_activations:
                     llm = LLM(path, dtype=args.dtype, kernels="native", threads=threads, max_batch_size=max(args.batch),
-                              kv_cache_dtype=None if kv == "model" else kv, w4_activations=act)
+                              kv_cache_dtype=None if kv == "model" else kv, w4_activations=act,
+                              max_num_batched_tokens=max(args.batch) * args.prompt_len,
+                              kv_cache_tokens=max(args.batch) * (args.prompt_len + args.new_tokens + 16),
+                              enable_prefix_caching=False)  # rounds repeat their prompts
                     scheme = "+".join(sorted({getattr(mod, "scheme", None) for mod in llm.model.modules()} - {None}))
                     if llm.w4_activations == "int8":  # int4 layers on the fast path: named apart
                         scheme += "/int8-act"
-                    kv_name = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}[llm.runner.kv_dtype]
+                    kv_name = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}[llm.kv_cache_dtype]
                     for b in args.batch:
                         runners.append(("compress", scheme, b, _streamed_bytes(llm.model),
                                         compress_runner(llm, b, args.prompt_len, args.new_tokens), kv_name))

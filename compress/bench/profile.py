@@ -2,18 +2,17 @@
 decoding of a checkpoint on our runtime under torch.profiler and prints the time per
 generated token by op group.
 
-By default a decode step is one ``compress._C.DecodePlan.decode_tokens`` call (the
-embedding, every layer as ``compress::decode_layer``'s C++, the final norm, the lm_head
-and the greedy argmax), whose GEMMs, norms and attention are direct C++ calls inside it
-(one group, recorded as DecodePlan.decode); ``--per-layer-op`` calls the
-``compress::decode_layer`` op once per layer instead, and ``--module-path`` runs the
-layers op by op (``model.fused_decode = False``) to split the time by op.
+By default a decode step is one call of the engine's native decode step
+(``runtime/native_decode.py``: the embedding, every layer, the final norm, the lm_head
+and the greedy argmax in C++), recorded as one group (NativeDecode.decode), where the
+model has one; ``--module-path`` runs the layers op by op (``LLM(native_decode=False)``)
+to split the time by op.
 
 Groups: the packed GEMMs (our kernels, lm_head included when it is packed), dense
 matmuls, attention, norms, and everything else (views, copies, elementwise ops, the
 sampler). Decode only: a 1-token run (prefill) is profiled too and subtracted. The
-time of a step that falls in no op is the interpreter between ops (inflated by the
-profiler's own cost)."""
+time of a step that falls in no op is the interpreter between ops and the engine's
+scheduling (inflated by the profiler's own cost)."""
 from __future__ import annotations
 
 import json
@@ -24,15 +23,13 @@ import torch
 from compress.errors import UserError
 from compress.io.files import atomic_write_text
 
-PLAN_EVENT = "compress._C.DecodePlan.step"
-DECODE_EVENT = "compress._C.DecodePlan.decode"
+DECODE_EVENT = "NativeDecode.decode"
 GROUPS = [
-    ("whole step (DecodePlan.decode)", (DECODE_EVENT,)),
-    ("whole layers (DecodePlan.step or compress::decode_layer)", (PLAN_EVENT, "compress::decode_layer")),
-    ("int4 GEMM (compress::w4a16_*)", ("compress::w4a16",)),
+    ("whole step (NativeDecode.decode)", (DECODE_EVENT,)),
+    ("int4 GEMM (compress::w4a16_*)", ("compress::w4a16", "compress::w4a8")),
     ("int8 GEMM (compress::w8a8_*)", ("compress::w8a8",)),
     ("dense matmul (aten::mm/addmm/linear)", ("aten::mm", "aten::addmm")),
-    ("attention", ("compress::decode_attention", "aten::_scaled_dot_product", "aten::scaled_dot_product")),
+    ("attention", ("compress::paged_decode_attention", "aten::_scaled_dot_product", "aten::scaled_dot_product")),
     ("norms (compress::rms_norm, add_rms_norm)", ("compress::rms_norm", "compress::add_rms_norm")),
 ]
 OTHER = "other ops (views, copies, elementwise, sampling)"
@@ -42,22 +39,16 @@ class ProfileSettingsError(UserError):
     """A profile setting that cannot work (names the option)."""
 
 
-class ProfiledPlan:
-    """A model's DecodePlan whose decode_tokens() and step() show in torch.profiler as one
-    event each (the plan is a pybind11 object, not a torch op, so the profiler would not
-    see it otherwise)."""
+class ProfiledNative:
+    """An engine's native decode step whose decode() shows in torch.profiler as one
+    event (it is one C++ call, not a torch op, so the profiler would not see it)."""
 
-    def __init__(self, plan):
-        self.plan = plan
-        self.has_head = plan.has_head
+    def __init__(self, native):
+        self.native = native
 
-    def decode_tokens(self, *args):
+    def decode(self, *args):
         with torch.profiler.record_function(DECODE_EVENT):
-            return self.plan.decode_tokens(*args)
-
-    def step(self, *args):
-        with torch.profiler.record_function(PLAN_EVENT):
-            return self.plan.step(*args)
+            return self.native.decode(*args)
 
 
 def group_of(event_name: str) -> str:
@@ -124,13 +115,12 @@ def main(args) -> int:
     from compress.runtime import LLM
 
     torch.set_num_threads(args.threads)
-    llm = LLM(args.path, threads=args.threads)
-    if args.module_path:
-        llm.model.fused_decode = False
-    if args.per_layer_op or llm.model.decode_plan is None:
-        llm.model.decode_plan = None
-    else:
-        llm.model.decode_plan = ProfiledPlan(llm.model.decode_plan)
+    llm = LLM(args.path, threads=args.threads, native_decode=not args.module_path, enable_prefix_caching=False)
+    runner = llm.engine.runner
+    if runner.native is not None:
+        runner.native = ProfiledNative(runner.native)
+    elif not args.module_path:
+        print("# this model has no native decode step here: profiling the module path")
     result = profile_decode(llm, args.tokens, args.prompt_len)
     print(format_profile(result, args.tokens))
     if args.json:
@@ -147,7 +137,5 @@ def add_arguments(p) -> None:
     p.add_argument("--tokens", type=int, default=32, help="tokens generated in the profiled run (>= 2)")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--module-path", action="store_true",
-                   help="run decode layers op by op instead of one compress::decode_layer call each")
-    p.add_argument("--per-layer-op", action="store_true",
-                   help="one compress::decode_layer op call per layer instead of one DecodePlan call per step")
+                   help="run decode steps op by op through the modules instead of the native one-call step")
     p.add_argument("--json", help="write the per-group figures to this file")

@@ -5,7 +5,8 @@ never on the compressor (pipeline, quantizers, pruning, distill).
 """
 from compress.runtime.engine import LLM
 from compress.runtime.sampling import SamplingParams
-from compress.runtime.scheduler import RequestOutput
+from compress.runtime.llm_engine import LLMEngine
+from compress.runtime.sequence import RequestOutput
 from compress.runtime.scoring import Loglikelihood
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "Loglikelihood"]
+__all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "Loglikelihood"]

@@ -4,11 +4,16 @@
     outs = llm.generate(["Hello"], SamplingParams(max_tokens=32, temperature=0))
     for delta in llm.stream("Hello", SamplingParams(max_tokens=32)): print(delta, end="")
     llm.loglikelihood([(context_ids, continuation_ids)])   # evals
+    llm.engine.add_request("r1", "Hello", SamplingParams()); llm.engine.step()   # serving
+
+A thin facade over ``LLMEngine`` (``llm_engine.py``): ``generate`` queues every prompt
+and steps the engine until they are done (continuous batching); scoring runs cache-free
+forwards of padded batches (``scoring.py``).
 """
 from __future__ import annotations
 
 import json
-import time
+import itertools
 from pathlib import Path
 from typing import Iterator, Sequence as Seq
 
@@ -20,12 +25,11 @@ from compress.runtime.layers import Int4Linear
 from compress.w4_activations import DEFAULT_W4_ACTIVATIONS
 from compress.runtime.loading import open_checkpoint
 from compress.dtypes import resolve_dtype
-from compress.runtime.model_runner import ModelRunner
+from compress.runtime.llm_engine import LLMEngine
 from compress.runtime.models.llama import build_model
-from compress.runtime.sampling import BatchSampler, SamplingParams
-from compress.runtime.scheduler import RequestOutput, Scheduler, Sequence
+from compress.runtime.sampling import SamplingParams
+from compress.runtime.sequence import RequestOutput
 from compress.runtime.scoring import Loglikelihood
-
 
 
 class LLM:
@@ -35,44 +39,64 @@ class LLM:
     'reference' (the pure-PyTorch ops). ``max_seq_len`` defaults to the config's
     ``max_position_embeddings``. ``threads`` sets torch's intra-op threads.
     ``kv_cache_dtype``: the KV cache's element type, ``None`` for the model's ``dtype``
-    (exact) or ``"float16"`` (half the cache bytes a decode step reads, as llama.cpp
-    keeps its cache; keys and values are rounded to fp16 when stored).
+    (exact), ``"float16"`` or ``"bfloat16"`` (half the cache bytes a decode step reads;
+    keys and values are rounded when stored), or ``"float32"``.
     ``w4_activations``: how int4 (w4a16) layers treat their activations. ``"float"`` (the
     default): as the scheme and its compressed-tensors export say, activations in the
     model's dtype against each weight dequantized in fp32, so the logits are what
     transformers computes on the same export (to fp32 rounding). ``"int8"``: the CPU fast
     path, activations quantized to int8 per block of 32 along K as llama.cpp does
     (faster int4 kernels; logits ~0.4% off). The attribute ``w4_activations`` says what
-    the model's int4 layers run with, ``None`` when it has none."""
+    the model's int4 layers run with, ``None`` when it has none.
+
+    Serving (``LLMEngine``): ``max_batch_size`` running sequences at most;
+    ``max_num_batched_tokens`` tokens per step (decodes plus prefill chunks);
+    ``enable_chunked_prefill`` (a long prompt is prefilled over several steps while
+    decodes go on; off: whole prompts); ``enable_prefix_caching`` (full KV blocks of
+    equal prefixes are shared and not recomputed); ``block_size`` positions per KV
+    block; ``kv_cache_tokens`` positions in the paged cache (default: ``max_batch_size``
+    rows of ``max_seq_len``, at most half the memory; on CPU it is committed only as it
+    is written). ``native_decode``: decode-only steps through the native one-call plan
+    where the model allows it (``native_decode.py``); off, every step runs the modules."""
 
     def __init__(self, path, dtype="float32", kernels: str = "native", device: str = "cpu",
                  max_seq_len: int | None = None, threads: int | None = None, max_batch_size: int = 32,
-                 kv_cache_dtype=None, w4_activations: str = DEFAULT_W4_ACTIVATIONS):
+                 kv_cache_dtype=None, w4_activations: str = DEFAULT_W4_ACTIVATIONS, block_size: int = 16,
+                 kv_cache_tokens: int | None = None, max_num_batched_tokens: int = 512,
+                 enable_chunked_prefill: bool = True, enable_prefix_caching: bool = True, native_decode: bool = True):
+        engine_args = dict(block_size=block_size, kv_cache_tokens=kv_cache_tokens,
+                           max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
+                           enable_prefix_caching=enable_prefix_caching, native_decode=native_decode)
         ckpt = open_checkpoint(path)
         directory = Path(getattr(ckpt, "path", None) or path)
         self.checkpoint_path = directory
         self._setup(ckpt, dtype, kernels, device, max_seq_len, threads, max_batch_size,
                     tokenizer=_load_tokenizer(ckpt.tokenizer_path),
                     generation_config=_read_json(directory / "generation_config.json"),
-                    kv_cache_dtype=kv_cache_dtype, w4_activations=w4_activations)
+                    kv_cache_dtype=kv_cache_dtype, w4_activations=w4_activations, engine_args=engine_args)
 
     @classmethod
     def from_checkpoint(cls, ckpt, tokenizer=None, dtype="float32", kernels: str = "native",
                         device: str = "cpu", max_seq_len: int | None = None, threads: int | None = None,
                         max_batch_size: int = 32, kv_cache_dtype=None,
-                        w4_activations: str = DEFAULT_W4_ACTIVATIONS) -> "LLM":
-        """Build from an in-memory checkpoint (``config``, ``dense``, ``quantized``)."""
+                        w4_activations: str = DEFAULT_W4_ACTIVATIONS, **engine_args) -> "LLM":
+        """Build from an in-memory checkpoint (``config``, ``dense``, ``quantized``);
+        ``engine_args``: the serving keywords of ``LLM()``."""
         self = cls.__new__(cls)
         self.checkpoint_path = getattr(ckpt, "path", None)
         self._setup(ckpt, dtype, kernels, device, max_seq_len, threads, max_batch_size, tokenizer, {},
-                    kv_cache_dtype, w4_activations)
+                    kv_cache_dtype, w4_activations, engine_args)
         return self
 
     def _setup(self, ckpt, dtype, kernels, device, max_seq_len, threads, max_batch_size,
                tokenizer, generation_config: dict, kv_cache_dtype=None,
-               w4_activations: str = DEFAULT_W4_ACTIVATIONS) -> None:
+               w4_activations: str = DEFAULT_W4_ACTIVATIONS, engine_args: dict | None = None) -> None:
         if kernels not in BACKENDS:
             raise ValueError(f"unknown kernels {kernels!r}; choose one of {BACKENDS}")
+        engine_args = dict(engine_args or {})
+        unknown = sorted(set(engine_args) - ENGINE_ARGS)
+        if unknown:
+            raise TypeError(f"LLM got unknown arguments {unknown}; engine arguments: {sorted(ENGINE_ARGS)}")
         if threads:
             torch.set_num_threads(int(threads))
         self.config = ckpt.config
@@ -80,24 +104,37 @@ class LLM:
         self.dtype = resolve_dtype(dtype)
         self.device = torch.device(device)
         self.kernels = kernels
+        kv = self.dtype if kv_cache_dtype is None else resolve_dtype(kv_cache_dtype)
+        if kv not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"kv_cache_dtype must be float32, bfloat16 or float16 (or None: the model dtype), got {kv}")
         self.model = build_model(ckpt, self.dtype, self.device, kernels, max_seq_len, w4_activations=w4_activations)
         # what the int4 layers run with (reports record it); None: the model has none
         has_int4 = any(isinstance(m, Int4Linear) for m in self.model.modules())
         self.w4_activations = w4_activations if has_int4 else None
-        kv = self.dtype if kv_cache_dtype is None else resolve_dtype(kv_cache_dtype)
-        if kv not in (self.dtype, torch.float16):
-            raise ValueError(f"kv_cache_dtype must be the model dtype ({self.dtype}) or float16, got {kv}")
-        self.runner = ModelRunner(self.model, kv)
-        self.scheduler = Scheduler(max_batch_size)
         self.tokenizer = tokenizer
         self.eos_token_ids = _eos_ids(self.config, generation_config, tokenizer)
         self.bos_token_id = (getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None)
         if self.bos_token_id is None:
             self.bos_token_id = getattr(self.config, "bos_token_id", None)
+        # the engine shares the eos set: LLM.eos_token_ids changes what stops its requests
+        self.engine = LLMEngine(self.model, tokenizer, (), self.bos_token_id, kv_cache_dtype=kv,
+                                max_num_seqs=max_batch_size, **engine_args)
+        self.engine.eos_token_ids = self.eos_token_ids
+        self.runner = self.engine.runner
+        self._ids = itertools.count()
 
     @property
     def max_seq_len(self) -> int:
         return self.model.max_seq_len
+
+    @property
+    def kv_cache_dtype(self) -> torch.dtype:
+        return self.engine.kv_cache.dtype
+
+    def reset_prefix_cache(self) -> int:
+        """Forgets the cached prefixes no request holds, so a repeated prompt is computed
+        again (speed measurements); returns how many KV blocks were forgotten."""
+        return self.engine.reset_prefix_cache()
 
     # ------------------------------------------------------------------ tokens
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -110,22 +147,9 @@ class LLM:
             raise ValueError("this checkpoint has no tokenizer; cannot decode")
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def _prompt_ids(self, prompt) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            ids = self.encode(prompt)
-            text = prompt
-        else:
-            ids, text = [int(t) for t in prompt], None
-        if not ids:
-            if self.bos_token_id is None:
-                raise ValueError("empty prompt and the model has no BOS token")
-            ids = [self.bos_token_id]
-        if len(ids) >= self.max_seq_len:
-            raise ValueError(f"prompt of {len(ids)} tokens leaves no room to generate "
-                             f"(max_seq_len={self.max_seq_len})")
-        return text, ids
-
-    def _sequences(self, prompts, params) -> list[Sequence]:
+    # ------------------------------------------------------------------ generation
+    def _add(self, prompts, params) -> list[str]:
+        """Queues every prompt (text, token ids, or a list of them); the request ids."""
         if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
                                         and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -135,80 +159,71 @@ class LLM:
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ValueError(f"{len(plist)} SamplingParams for {len(prompts)} prompts")
-        seqs = []
-        for i, (prompt, p) in enumerate(zip(prompts, plist)):
-            text, ids = self._prompt_ids(prompt)
-            seqs.append(Sequence(i, text, ids, p, self.eos_token_ids, self.tokenizer))
-        return seqs
+        ids: list[str] = []
+        try:
+            for prompt, p in zip(prompts, plist):
+                rid = f"llm-{next(self._ids)}"
+                self.engine.add_request(rid, prompt, p)
+                ids.append(rid)
+        except BaseException:
+            for rid in ids:
+                self.engine.abort(rid)
+            raise
+        return ids
 
-    # ------------------------------------------------------------------ generation
+    def _steps(self):
+        """Steps the engine; yields each step's outputs."""
+        while self.engine.has_unfinished():
+            yield self.engine.step()
+
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
-        """Complete every prompt (text or token ids); outputs in prompt order."""
-        seqs = self._sequences(prompts, params)
-        outputs: list[RequestOutput | None] = [None] * len(seqs)
-        batches = self.scheduler.batches(seqs)
+        """Complete every prompt (text or token ids); outputs in prompt order. Steps the
+        engine until they are done (other requests in the engine advance too; their
+        outputs are not returned here)."""
+        ids = self._add(prompts, params)
+        wanted = set(ids)
+        done: dict[str, RequestOutput] = {}
         bar = None
         if use_tqdm:
             from tqdm import tqdm
-            bar = tqdm(total=len(seqs), desc="generate")
-        for batch in batches:
-            metrics: dict = {}
-            for _ in self._run(batch, metrics):
-                pass
-            for s in batch:
-                outputs[s.index] = s.output(metrics)
+            bar = tqdm(total=len(ids), desc="generate")
+        try:
+            with torch.inference_mode():
+                for outputs in self._steps():
+                    for out in outputs:
+                        if out.finished and out.request_id in wanted:
+                            done[out.request_id] = out
+                            if bar is not None:
+                                bar.update(1)
+                    if len(done) == len(ids):
+                        break
+        finally:
+            for rid in wanted - set(done):
+                self.engine.abort(rid)
             if bar is not None:
-                bar.update(len(batch))
-        if bar is not None:
-            bar.close()
-        return outputs
+                bar.close()
+        return [done[rid] for rid in ids]
 
     def stream(self, prompt, params: SamplingParams | None = None) -> Iterator[str]:
         """Yield the completion's text in pieces as tokens are produced."""
-        (seq,) = self._sequences([prompt], params)
         if self.tokenizer is None:
             raise ValueError("stream needs a tokenizer; use generate with token ids")
-        for _ in self._run([seq], {}):
+        (rid,) = self._add([prompt], params)
+        seq = self.engine.requests[rid]
+        try:
+            with torch.inference_mode():
+                for _ in self._steps():
+                    delta = seq.take_delta()
+                    if delta:
+                        yield delta
+                    if seq.finished:
+                        break
             delta = seq.take_delta()
             if delta:
                 yield delta
-        delta = seq.take_delta()
-        if delta:
-            yield delta
-
-    @torch.inference_mode()
-    def _run(self, seqs: list[Sequence], metrics: dict):
-        """Run one batch to completion, yielding after every step."""
-        runner = self.runner
-        longest = max(len(s.prompt_ids) for s in seqs)
-        max_len = min(longest + max(s.params.max_tokens for s in seqs), self.max_seq_len)
-        sampler = BatchSampler([s.params for s in seqs], self.device)
-        t0 = time.perf_counter()
-        logits = runner.prefill([s.prompt_ids for s in seqs], max_len)
-        t1 = time.perf_counter()
-        active, steps, greedy = list(seqs), 0, None
-        while True:
-            # all-greedy batches after the first token: the decode step's own argmax
-            tokens = greedy if greedy is not None else sampler(logits).tolist()
-            for s, tok in zip(active, tokens):
-                s.append(tok)
-                if runner.length + 1 >= self.max_seq_len:
-                    s.finish("length")
-            yield active
-            keep = [i for i, s in enumerate(active) if not s.finished]
-            if not keep:
-                break
-            if len(keep) < len(active):
-                runner.keep(keep)
-                sampler.keep(keep)
-                active = [active[i] for i in keep]
-            logits = runner.decode([s.output_ids[-1] for s in active], greedy=sampler.all_greedy)
-            greedy = runner.greedy_tokens
-            steps += 1
-        t2 = time.perf_counter()
-        metrics.update(batch_size=len(seqs), prompt_tokens=sum(len(s.prompt_ids) for s in seqs),
-                       prefill_s=t1 - t0, decode_steps=steps, decode_s=t2 - t1)
+        finally:
+            self.engine.abort(rid)
 
     # ------------------------------------------------------------------ scoring
     @torch.inference_mode()
@@ -244,6 +259,10 @@ class LLM:
         return scoring.loglikelihood(self.runner, pairs, batch_size)
 
     score = loglikelihood
+
+
+ENGINE_ARGS = {"block_size", "kv_cache_tokens", "max_num_batched_tokens", "enable_chunked_prefill",
+               "enable_prefix_caching", "native_decode"}
 
 
 def _read_json(path: Path) -> dict:

@@ -1,18 +1,29 @@
-"""Preallocated contiguous KV cache: ``[layers, batch, kv_heads, max_len, head_dim]``.
+"""The paged KV cache: ``k``, ``v`` of shape ``[n_layers, num_blocks, n_kv_heads,
+block_size, head_dim]``.
 
-Allocated once and reused while a request batch fits; a decode step only writes one
-slot per layer. Rows of finished sequences are dropped by compacting the batch
-dimension in place (``keep``), so the live batch is always ``[:batch]``.
+Position ``p`` of a sequence lives in block ``block_table[p // block_size]`` at offset
+``p % block_size`` (its slot is ``block * block_size + offset``); the block manager
+says which blocks a sequence holds. Per layer a block is one contiguous
+``[n_kv_heads, block_size, head_dim]`` tile, so a decode step reads a row's keys block
+by block.
 
-On CPU the cache lives in 2 MiB pages (``hugepages.huge_page_zeros``): attention reads
-every layer's slices once per step, and anonymous memory starts zeroed and is only
-committed as slots are written.
+On CPU the pool lives in 2 MiB pages (``hugepages.huge_page_zeros``): anonymous memory
+starts zeroed and is committed only as slots are written, so a pool sized for every
+row at full length costs address space, not memory, until sequences fill it (the block
+manager hands out the lowest free blocks first, keeping what is touched compact).
 """
 from __future__ import annotations
+
+import os
 
 import torch
 
 from compress.runtime.hugepages import huge_page_zeros
+
+KV_CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# the default pool's cap, as a share of the machine's memory (CPU) or of the device's
+# free memory (CUDA): a cache for every row at full length can be far larger
+DEFAULT_MEMORY_SHARE = 0.5
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
@@ -20,33 +31,49 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
     return torch.zeros(shape, dtype=dtype, device=device) if t is None else t
 
 
-class KVCache:
-    def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
+def bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Bytes of K and V one position takes across all layers."""
+    return 2 * n_layers * n_kv_heads * head_dim * dtype.itemsize
+
+
+def default_num_blocks(max_num_seqs: int, max_seq_len: int, block_size: int, token_bytes: int, device) -> int:
+    """Blocks for ``max_num_seqs`` rows of ``max_seq_len`` positions, capped at
+    ``DEFAULT_MEMORY_SHARE`` of the memory (the machine's on CPU, the device's free
+    memory on CUDA), and never fewer than one full-length row."""
+    want = max_num_seqs * -(-max_seq_len // block_size)
+    device = torch.device(device)
+    if device.type == "cuda":
+        memory = torch.cuda.mem_get_info(device)[0]
+    else:
+        try:
+            memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            memory = 16 << 30
+    cap = int(memory * DEFAULT_MEMORY_SHARE) // (token_bytes * block_size)
+    return max(min(want, cap), -(-max_seq_len // block_size))
+
+
+class PagedKVCache:
+    def __init__(self, n_layers: int, num_blocks: int, n_kv_heads: int, block_size: int, head_dim: int,
                  dtype: torch.dtype, device="cpu"):
-        shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
+        if dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of float32, bfloat16, float16, got {dtype}")
+        shape = (n_layers, num_blocks, n_kv_heads, block_size, head_dim)
         self.k = _zeros(shape, dtype, device)
         self.v = _zeros(shape, dtype, device)
-        self.batch = batch
+        self.num_blocks, self.block_size = num_blocks, block_size
         # per-layer views made once (indexing costs ~3.5 us a call, 2 per layer per step)
         self._layers = [(self.k[i], self.v[i]) for i in range(n_layers)]
 
     @property
-    def capacity(self) -> tuple[int, int]:
-        """(rows, slots) this cache can hold."""
-        return self.k.shape[1], self.k.shape[3]
+    def dtype(self) -> torch.dtype:
+        return self.k.dtype
 
-    def fits(self, batch: int, max_len: int, dtype: torch.dtype) -> bool:
-        rows, slots = self.capacity
-        return batch <= rows and max_len <= slots and dtype == self.k.dtype
+    @property
+    def num_tokens(self) -> int:
+        """Positions the pool holds."""
+        return self.num_blocks * self.block_size
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``i``'s ``(k, v)`` pools, ``[num_blocks, n_kv_heads, block_size, head_dim]`` each."""
         return self._layers[i]
-
-    def keep(self, rows: list[int], length: int) -> None:
-        """Keep only batch rows ``rows`` (in that order) in the first ``len(rows)`` rows;
-        only the first ``length`` slots are copied."""
-        idx = torch.as_tensor(rows, device=self.k.device)
-        n = len(rows)
-        self.k[:, :n, :, :length] = self.k[:, idx, :, :length]
-        self.v[:, :n, :, :length] = self.v[:, idx, :, :length]
-        self.batch = n

@@ -1,98 +1,86 @@
-"""Runs the model for a batch of sequences: left-padded prefill into the KV cache,
-then one decode step at a time for the whole batch, plus cache-free full forwards.
+"""Runs the model for one engine step, and cache-free forwards for scoring.
 
-Left padding aligns every row on the same cache slot, so one step is one forward.
-Each row's RoPE positions start at 0 at its first real token and pad slots are
-masked out as keys, so a batched row computes what it would alone.
+A step's rows (``Sequence`` + how many of its tokens to compute) become one batch
+descriptor (``step_batch.StepBatch``): one-token rows first, then prefill chunks, all
+tokens flattened, so each linear is one GEMM over every row's tokens. Where the model
+has a native one-call decode step (``native_decode.build_native_decode``, chosen once
+at load) a step whose rows all bring one token runs through it instead; everything else
+runs the module path. Either way the step returns the logits of each row whose tokens
+are now all computed (its next token is due).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from compress.runtime.kv_cache import KVCache
+from compress.runtime.kv_cache import PagedKVCache
 from compress.runtime.models.llama import LlamaFamilyModel
+from compress.runtime.sequence import Sequence
+from compress.runtime.step_batch import block_table_tensor, build_step_batch
+
+
+@dataclass
+class StepOutput:
+    """``seqs`` (the step's rows, one-token rows first) and, for the rows whose next token
+    is due (``sampled``, indices into ``seqs``), fp32 ``logits [len(sampled), V]`` and,
+    when asked for greedy tokens and the native step gave them, each one's argmax."""
+    seqs: list[Sequence]
+    num_new_tokens: list[int]
+    sampled: list[int]
+    logits: torch.Tensor | None
+    greedy_tokens: list[int] | None = None
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaFamilyModel, kv_dtype: torch.dtype | None = None):
+    def __init__(self, model: LlamaFamilyModel, kv_cache: PagedKVCache | None, native=None):
         self.model = model
-        self.kv_dtype = model.dtype if kv_dtype is None else kv_dtype  # the KV cache's element type
+        self.kv_cache = kv_cache
+        self.native = native        # a NativeDecode, or None: the module path runs every step
         self.device = model.device
-        self.cache: KVCache | None = None
-        self.length = 0             # slots filled (same for every row)
-        self.pad: list[int] = []    # each row's left padding (its positions start after it)
-        self.greedy_tokens: list[int] | None = None  # set by decode(greedy=True)
-        self.key_valid: torch.Tensor | None = None   # [B, max_len] or None when no padding
 
     @property
     def max_seq_len(self) -> int:
         return self.model.max_seq_len
 
-    def _ensure_cache(self, batch: int, max_len: int) -> None:
-        if self.cache is None or not self.cache.fits(batch, max_len, self.kv_dtype):
-            rows, slots = self.cache.capacity if self.cache is not None else (0, 0)
-            self.cache = None  # free the old one first
-            self.cache = KVCache(len(self.model.layers), max(batch, rows), self.model.n_kv_heads,
-                                 max(max_len, slots), self.model.head_dim, self.kv_dtype, self.device)
-        self.cache.batch = batch
-
-    @torch.inference_mode()
-    def prefill(self, prompts: list[list[int]], max_len: int) -> torch.Tensor:
-        """Fill the cache with ``prompts`` (room for ``max_len`` slots); logits ``[B, V]``
-        for each prompt's last token."""
-        longest = max(len(p) for p in prompts)
-        if max_len > self.max_seq_len or longest > max_len:
-            raise ValueError(f"need {max(max_len, longest)} positions, model allows {self.max_seq_len}")
-        b = len(prompts)
-        self._ensure_cache(b, max_len)
-        pad = [longest - len(p) for p in prompts]
-        ids = torch.zeros((b, longest), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, pad[i]:] = torch.as_tensor(p, dtype=torch.long)
-        ids = ids.to(self.device)
-        self.pad = list(pad)
-        pad_t = torch.tensor(pad, device=self.device)
-        slots = torch.arange(max_len, device=self.device)
-        self.key_valid = (slots.unsqueeze(0) >= pad_t.unsqueeze(1)) if any(pad) else None
-        positions = (slots[:longest].unsqueeze(0) - pad_t.unsqueeze(1)).clamp_(min=0)
-        hidden = self.model(ids, positions, self.cache, 0,
-                            None if self.key_valid is None else self.key_valid[:, :longest])
-        self.length = longest
-        return self.model.logits(hidden[:, -1])
-
-    @torch.inference_mode()
-    def decode(self, tokens: torch.Tensor | list[int], greedy: bool = False) -> torch.Tensor:
-        """Append one token per row (``[B]``, a tensor or ints); logits ``[B, V]`` for the
-        next one. ``greedy``: also leave each row's argmax token in ``greedy_tokens`` (a
-        list; None where the model has no one-call decode step)."""
-        if self.length >= self.cache.capacity[1]:
-            raise RuntimeError("KV cache is full")
-        s = self.length
-        key_valid = None if self.key_valid is None else self.key_valid[:, :s + 1]
-        self.greedy_tokens = None
-        positions = [s - p for p in self.pad]
-        if self.model.decodes_in_one_call:
-            ids = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
-            logits, self.greedy_tokens = self.model.decode_logits(ids, positions, self.cache, s, key_valid, greedy)
-        else:
-            ids = torch.as_tensor(tokens).to(self.device).view(-1, 1)
-            hidden = self.model(ids, torch.tensor(positions, device=self.device).unsqueeze(1), self.cache, s,
-                                key_valid)
-            logits = self.model.logits(hidden[:, -1])
-        self.length += 1
-        return logits
-
     @property
-    def capacity(self) -> int:
-        return self.cache.capacity[1] if self.cache is not None else 0
+    def kv_dtype(self) -> torch.dtype | None:
+        return None if self.kv_cache is None else self.kv_cache.dtype
 
-    def keep(self, rows: list[int]) -> None:
-        """Drop every row not in ``rows`` from the live batch."""
-        self.cache.keep(rows, self.length)
-        idx = torch.as_tensor(rows, device=self.device)
-        self.pad = [self.pad[i] for i in rows]
-        if self.key_valid is not None:
-            self.key_valid = self.key_valid[idx]
+    @torch.inference_mode()
+    def run(self, seqs: list[Sequence], num_new_tokens: list[int], greedy: bool = False) -> StepOutput:
+        """Computes ``num_new_tokens[i]`` tokens of ``seqs[i]`` from its
+        ``num_computed_tokens`` on (the caller has secured their blocks; it advances
+        ``num_computed_tokens`` afterwards)."""
+        order = ([i for i, n in enumerate(num_new_tokens) if n == 1]
+                 + [i for i, n in enumerate(num_new_tokens) if n != 1])
+        if order != list(range(len(seqs))):
+            seqs = [seqs[i] for i in order]
+            num_new_tokens = [num_new_tokens[i] for i in order]
+        sampled = [r for r, (s, n) in enumerate(zip(seqs, num_new_tokens))
+                   if s.num_computed_tokens + n == s.num_tokens]
+        cache = self.kv_cache
+        if self.native is not None and len(order) == num_new_tokens.count(1):
+            ids = [s.token_ids[s.num_computed_tokens] for s in seqs]
+            positions = [s.num_computed_tokens for s in seqs]
+            tables = block_table_tensor([s.block_table for s in seqs], self.device)
+            logits, tokens = self.native.decode(ids, positions, cache.k, cache.v, tables, greedy)
+            if len(sampled) < len(seqs):
+                logits = logits[sampled]
+                tokens = None if tokens is None else [tokens[r] for r in sampled]
+            return StepOutput(seqs, num_new_tokens, sampled, logits, tokens)
+        batch = build_step_batch([s.token_ids[s.num_computed_tokens:s.num_computed_tokens + n]
+                                  for s, n in zip(seqs, num_new_tokens)],
+                                 [s.num_computed_tokens for s in seqs], [s.block_table for s in seqs],
+                                 cache.block_size, self.device)
+        last = batch.last_token_index()
+        if len(sampled) < len(seqs):
+            last = last[sampled]
+        logits = None
+        hidden = self.model.forward_paged(batch, cache, last)
+        if sampled:
+            logits = self.model.logits(hidden)
+        return StepOutput(seqs, num_new_tokens, sampled, logits)
 
     @torch.inference_mode()
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -108,4 +96,4 @@ class ModelRunner:
         else:
             key_valid = attention_mask.to(self.device).bool()
             positions = (key_valid.long().cumsum(-1) - 1).clamp_(min=0)
-        return self.model(input_ids, positions, None, 0, key_valid)
+        return self.model(input_ids, positions, key_valid)

@@ -1,7 +1,9 @@
-"""Sampling parameters and the batched sampler (greedy, temperature, top-k, top-p).
+"""Sampling parameters and the batched sampler (greedy, temperature, top-k, top-p),
+and the log-probabilities a request asks for.
 
 Each request may carry its own seed: its draws then come from its own
-``torch.Generator``, so its output does not depend on what else is in the batch.
+``torch.Generator`` (held by its sequence), so its output does not depend on what else
+is in the batch.
 """
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ import compress.ops  # noqa: F401  (defines torch.ops.compress, argmax_rows amon
 class SamplingParams:
     """vLLM-shaped sampling parameters. ``temperature=0`` is greedy; ``top_k=0`` (or -1)
     and ``top_p=1`` disable those filters; ``stop`` holds strings that end a sequence
-    (excluded from the text), ``stop_token_ids`` tokens that do."""
+    (excluded from the text), ``stop_token_ids`` tokens that do. ``logprobs=k``: each
+    generated token's log-probability under the model (before temperature and the
+    filters) and the ``k`` most likely tokens' (``RequestOutput.logprobs``)."""
     max_tokens: int = 16
     temperature: float = 1.0
     top_k: int = 0
@@ -25,6 +29,7 @@ class SamplingParams:
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    logprobs: int | None = None
 
     def __post_init__(self):
         if self.max_tokens is None or int(self.max_tokens) < 1:
@@ -39,6 +44,8 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = [s for s in (self.stop or []) if s]
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.logprobs is not None and int(self.logprobs) < 0:
+            raise ValueError(f"SamplingParams.logprobs must be None or >= 0, got {self.logprobs}")
 
     @property
     def greedy(self) -> bool:
@@ -54,26 +61,20 @@ class SamplingParams:
 
 class BatchSampler:
     """Per-row parameters of a batch held as tensors, so one step samples the whole
-    batch with a handful of vectorized ops. ``keep`` follows the runner's compaction."""
+    batch with a handful of vectorized ops. ``generators``: each row's own generator
+    (a seeded request's), ``None`` for rows that draw from torch's global one."""
 
-    def __init__(self, params: list[SamplingParams], device="cpu"):
+    def __init__(self, params: list[SamplingParams], generators: list[torch.Generator | None] | None = None,
+                 device="cpu"):
         self.device = torch.device(device)
         self.params = list(params)
-        self.generators = [p.make_generator(self.device) for p in params]
-        self._tensors()
-
-    def _tensors(self):
-        ps = self.params
-        self.all_greedy = all(p.greedy for p in ps)
-        self.temperature = torch.tensor([p.temperature for p in ps], device=self.device)
-        self.top_k = torch.tensor([p.top_k if p.top_k > 0 else 0 for p in ps], device=self.device)
-        self.top_p = torch.tensor([p.top_p for p in ps], device=self.device)
-        self.need_filter = any((p.top_k > 0 or p.top_p < 1.0) and not p.greedy for p in ps)
-
-    def keep(self, rows: list[int]) -> None:
-        self.params = [self.params[i] for i in rows]
-        self.generators = [self.generators[i] for i in rows]
-        self._tensors()
+        self.generators = (list(generators) if generators is not None
+                           else [p.make_generator(self.device) for p in params])
+        self.all_greedy = all(p.greedy for p in params)
+        self.temperature = torch.tensor([p.temperature for p in params], device=self.device)
+        self.top_k = torch.tensor([p.top_k if p.top_k > 0 else 0 for p in params], device=self.device)
+        self.top_p = torch.tensor([p.top_p for p in params], device=self.device)
+        self.need_filter = any((p.top_k > 0 or p.top_p < 1.0) and not p.greedy for p in params)
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         return sample(logits, self.temperature, self.top_k, self.top_p, self.generators,
@@ -121,3 +122,21 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
             noise[unseeded] = torch.empty((len(unseeded), probs.shape[1]), device=probs.device).exponential_()
     sampled = torch.ops.compress.argmax_rows(probs / noise)
     return torch.where(greedy, greedy_tokens, sampled)
+
+
+def token_logprobs_topk(logits: torch.Tensor, tokens: list[int], k: list[int]) -> list[tuple[float, dict[int, float]]]:
+    """For fp32 ``logits [R, V]`` and each row's chosen token: ``(log p(token), {id: log p}
+    of the row's k most likely tokens)``, under the model's distribution (log-softmax of
+    the raw logits)."""
+    lp = logits.float().log_softmax(-1)
+    chosen = lp.gather(-1, torch.as_tensor(tokens, device=lp.device).view(-1, 1)).view(-1).tolist()
+    kmax = max(k, default=0)
+    top_vals = top_ids = None
+    if kmax > 0:
+        top_vals, top_ids = lp.topk(min(kmax, lp.shape[-1]), dim=-1)
+        top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
+    out = []
+    for r, (c, kr) in enumerate(zip(chosen, k)):
+        top = {} if not kr else dict(zip(top_ids[r][:kr], top_vals[r][:kr]))
+        out.append((c, top))
+    return out

@@ -1,129 +1,144 @@
-"""Per-request state (tokens, incremental text, stop checks) and the batch planner.
+"""Iteration-level scheduling (Orca) with chunked prefill (SARATHI): which sequences
+run in the next step, and how many of their tokens.
 
-v0 batching is static: requests are grouped into batches of at most
-``max_batch_size`` (similar prompt lengths together, to waste little padding); a
-batch runs until all of its sequences finish, finished rows leaving the batch as
-they go.
+Each step has a token budget (``max_num_batched_tokens``) and a cap on running sequences
+(``max_num_seqs``). Running sequences come first, oldest first: a decode takes one token,
+a prompt being prefilled in chunks takes what is left of it (up to the budget). Waiting
+sequences are admitted next, first come first served, while the budget, the sequence cap
+and the free KV blocks allow: a prefix-cache hit counts as computed, the rest of the
+prompt is this step's chunk. Without chunked prefill a prompt runs whole in one step;
+one longer than what is left of the budget is admitted only as the step's first prompt.
+
+When a running sequence needs a block and none is free, the newest running sequence is
+preempted by recompute: it gives back its blocks and goes back to the front of the
+waiting queue, to be prefilled again (its generated tokens included) when there is room.
+No sequence is admitted in a step that preempted. A sequence longer than the whole pool
+finishes with 'length'.
 """
 from __future__ import annotations
 
+import time
+from collections import deque
 from dataclasses import dataclass, field
 
-from compress.runtime.sampling import SamplingParams
+from compress.runtime.block_manager import BlockManager
+from compress.runtime.sequence import Sequence, SequenceStatus
 
 
 @dataclass
-class RequestOutput:
-    """One finished request. ``finish_reason``: 'stop' (eos, stop token or stop
-    string) or 'length' (max_tokens or the model's max_seq_len)."""
-    prompt: str | None
-    prompt_token_ids: list[int]
-    text: str
-    token_ids: list[int]
-    finish_reason: str
-    metrics: dict = field(default_factory=dict)
-
-
-def _decoder(tokenizer):
-    """``ids -> text`` (special tokens skipped). A transformers fast tokenizer that neither
-    overrides its decoding nor cleans up spaces decodes as its Rust backend does: call the
-    backend directly, without transformers' Python layers (a quarter of the time; a decode
-    step makes two such calls per sequence, on caches the weights have just swept)."""
-    from transformers import PreTrainedTokenizerFast  # here: the runtime imports no transformers eagerly
-
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    plain = (isinstance(tokenizer, PreTrainedTokenizerFast)
-             and type(tokenizer)._decode is PreTrainedTokenizerFast._decode
-             and type(tokenizer).decode is PreTrainedTokenizerFast.decode)
-    if backend is not None and plain and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
-        return lambda ids: backend.decode(ids, skip_special_tokens=True)
-    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
-
-
-class IncrementalDetokenizer:
-    """Text of generated tokens, decoded a few tokens at a time.
-
-    Decodes the window ``tokens[prefix:]`` and releases what it adds beyond
-    ``tokens[prefix:read]``; holds back while the tail is an incomplete UTF-8
-    sequence. Seeding the window with the end of the prompt keeps tokenizers that
-    drop a leading space right."""
-
-    def __init__(self, tokenizer, prompt_ids: list[int]):
-        self.tokenizer = tokenizer
-        self.decode = _decoder(tokenizer)
-        self.tokens = list(prompt_ids[-6:])
-        self.prefix = 0
-        self.read = len(self.tokens)
-
-    def add(self, token: int) -> str:
-        self.tokens.append(token)
-        before = self.decode(self.tokens[self.prefix:self.read])
-        after = self.decode(self.tokens[self.prefix:])
-        if len(after) > len(before) and not after.endswith("\ufffd"):
-            self.prefix, self.read = self.read, len(self.tokens)
-            return after[len(before):]
-        return ""
-
-
-class Sequence:
-    def __init__(self, index: int, prompt: str | None, prompt_ids: list[int], params: SamplingParams,
-                 eos_token_ids: set[int], tokenizer=None):
-        self.index, self.prompt, self.prompt_ids, self.params = index, prompt, prompt_ids, params
-        self.output_ids: list[int] = []
-        self.text = ""
-        self.finish_reason: str | None = None
-        self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
-        self.detok = None if tokenizer is None else IncrementalDetokenizer(tokenizer, prompt_ids)
-        self.stops = params.stop if self.detok is not None else []
-        self.holdback = max((len(s) for s in self.stops), default=1) - 1
-        self.released = 0
+class ScheduledBatch:
+    """One step: ``seqs[i]`` computes its next ``num_new_tokens[i]`` tokens (positions
+    ``num_computed_tokens .. + n - 1``). ``preempted``: sent back to waiting in this
+    step; ``finished``: ended by the scheduler (too long for the KV pool)."""
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    finished: list[Sequence] = field(default_factory=list)
 
     @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
 
-    def finish(self, reason: str) -> None:
-        if self.finish_reason is None:
-            self.finish_reason = reason
-
-    def append(self, token: int) -> None:
-        self.output_ids.append(token)
-        if token in self.stop_ids:
-            return self.finish("stop")
-        if self.detok is not None:
-            start = len(self.text)
-            self.text += self.detok.add(token)
-            if self.stops and len(self.text) > start:
-                self._check_stop_strings(max(0, start - self.holdback))
-        if len(self.output_ids) >= self.params.max_tokens:
-            self.finish("length")
-
-    def _check_stop_strings(self, search_from: int) -> None:
-        hits = [i for i in (self.text.find(s, search_from) for s in self.stops) if i >= 0]
-        if hits:
-            self.text = self.text[:min(hits)]
-            self.finish("stop")
-
-    def take_delta(self) -> str:
-        """Text not yet released; while running, the last characters that could start
-        a stop string are held back."""
-        end = len(self.text) if self.finished else max(self.released, len(self.text) - self.holdback)
-        delta = self.text[self.released:end]
-        self.released = end
-        return delta
-
-    def output(self, metrics: dict | None = None) -> RequestOutput:
-        return RequestOutput(self.prompt, list(self.prompt_ids), self.text, list(self.output_ids),
-                             self.finish_reason or "length", dict(metrics or {}))
+    def __bool__(self) -> bool:
+        return bool(self.seqs)
 
 
 class Scheduler:
-    def __init__(self, max_batch_size: int = 32):
-        if max_batch_size < 1:
-            raise ValueError("max_batch_size must be >= 1")
-        self.max_batch_size = max_batch_size
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int = 32, max_num_batched_tokens: int = 512,
+                 enable_chunked_prefill: bool = True):
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs (max_batch_size) must be >= 1, got {max_num_seqs}")
+        if max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}")
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
 
-    def batches(self, seqs: list[Sequence]) -> list[list[Sequence]]:
-        ordered = sorted(seqs, key=lambda s: len(s.prompt_ids))
-        n = self.max_batch_size
-        return [ordered[i:i + n] for i in range(0, len(ordered), n)]
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, seq: Sequence) -> None:
+        """Drops a finished (or aborted) sequence and frees its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+
+    # ------------------------------------------------------------------ one step
+    def schedule(self) -> ScheduledBatch:
+        bm = self.block_manager
+        out = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if bm.blocks_for(seq.num_computed_tokens + n) > bm.num_blocks:
+                self._too_long(seq, out)
+                continue
+            while not bm.can_append(seq, n):
+                victim = running.pop()
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+            else:
+                bm.append_slots(seq, n)
+                out.seqs.append(seq)
+                out.num_new_tokens.append(n)
+                budget -= n
+                i += 1
+                continue
+            break  # seq preempted itself: nothing after it is running
+        if out.preempted:
+            return out
+        prefill_scheduled = False
+        while self.waiting and budget > 0 and len(running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if bm.blocks_for(seq.num_tokens) > bm.num_blocks:
+                self._too_long(seq, out)
+                continue
+            hits = bm.cached_prefix(seq)
+            n = seq.num_tokens - len(hits) * bm.block_size
+            if self.enable_chunked_prefill:
+                n = min(n, budget)
+            elif n > budget and prefill_scheduled:
+                break
+            if not bm.can_allocate(hits, len(hits) * bm.block_size + n):
+                break
+            self.waiting.popleft()
+            bm.allocate(seq, hits, n)
+            if seq.first_scheduled_time is None:
+                seq.num_cached_tokens = seq.num_computed_tokens
+                seq.first_scheduled_time = time.perf_counter()
+            seq.status = SequenceStatus.RUNNING
+            running.append(seq)
+            out.seqs.append(seq)
+            out.num_new_tokens.append(n)
+            budget -= n
+            prefill_scheduled = True
+        return out
+
+    def _preempt(self, seq: Sequence, out: ScheduledBatch) -> None:
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        out.preempted.append(seq)
+
+    def _too_long(self, seq: Sequence, out: ScheduledBatch) -> None:
+        """``seq`` cannot fit the whole KV pool: it ends here."""
+        self.finish(seq)
+        seq.finish("length")
+        out.finished.append(seq)

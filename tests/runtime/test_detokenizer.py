@@ -5,7 +5,7 @@ import random
 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from compress.runtime.scheduler import IncrementalDetokenizer, _decoder
+from compress.runtime.sequence import IncrementalDetokenizer, _decoder
 
 
 def embedded_tokenizer(repo_root):

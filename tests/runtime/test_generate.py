@@ -1,4 +1,5 @@
-"""Generation: KV cache vs recompute, batching, stopping, streaming, errors."""
+"""Generation through the LLM facade: paged KV cache vs recompute, batching, stopping,
+streaming, cache dtypes, windows, errors."""
 from __future__ import annotations
 
 import json
@@ -121,16 +122,20 @@ def test_bad_arguments(llama_dir, llm):
         LLM(llama_dir, dtype="int3")
     with pytest.raises(ValueError, match="SamplingParams"):
         llm.generate(PROMPTS[:2], [GREEDY])
-    with pytest.raises(ValueError, match="kv_cache_dtype must be the model dtype"):
-        LLM(llama_dir, kv_cache_dtype="bfloat16")
+    with pytest.raises(ValueError, match="kv_cache_dtype must be float32, bfloat16 or float16"):
+        LLM(llama_dir, kv_cache_dtype=torch.float64)
+    with pytest.raises(ValueError, match="unknown dtype 'int8'"):
+        LLM(llama_dir, kv_cache_dtype="int8")
 
 
-def test_float16_kv_cache_generation(llama_dir, llm):
-    """LLM(kv_cache_dtype="float16") keeps a half-size cache; its greedy text starts as the
-    exact cache's does (the rounding of keys and values is small) and batching is unchanged."""
-    half = LLM(llama_dir, kv_cache_dtype="float16")
+@pytest.mark.parametrize("kv", ["float16", "bfloat16"])
+def test_half_size_kv_cache_generation(llama_dir, llm, kv):
+    """LLM(kv_cache_dtype="float16" / "bfloat16") keeps a half-size cache; its greedy text
+    starts as the exact cache's does (the rounding of keys and values is small) and
+    batching is unchanged."""
+    half = LLM(llama_dir, kv_cache_dtype=kv)
     outs = half.generate(PROMPTS[:2], GREEDY)
-    assert half.runner.cache.k.dtype == torch.float16 and llm.runner.kv_dtype == torch.float32
+    assert half.engine.kv_cache.k.dtype == getattr(torch, kv) and llm.kv_cache_dtype == torch.float32
     for prompt, out in zip(PROMPTS[:2], outs):
         assert out.token_ids == half.generate(prompt, GREEDY)[0].token_ids
         assert out.token_ids[:4] == llm.generate(prompt, GREEDY)[0].token_ids[:4]
@@ -176,7 +181,13 @@ def test_more_prompts_than_max_batch_size(llama_dir, llm):
     small_batches = LLM(llama_dir, max_batch_size=2)
     outs = small_batches.generate(PROMPTS + PROMPTS[:1], GREEDY)
     assert [o.token_ids for o in outs] == [o.token_ids for o in llm.generate(PROMPTS + PROMPTS[:1], GREEDY)]
-    assert all(o.metrics["batch_size"] <= 2 for o in outs)
+    engine = small_batches.engine
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(str(i), prompt, GREEDY)
+    while engine.has_unfinished():
+        engine.step()
+        assert len(engine.scheduler.running) <= 2
+        assert engine.stats()["running"] + engine.stats()["waiting"] <= len(PROMPTS)
 
 
 def test_token_ids_without_tokenizer(llm):

@@ -12,14 +12,14 @@ from compress.ops import native_available
 from compress.runtime import hugepages
 from compress.runtime.hugepages import (HUGE_PAGE, HugePageArena, huge_page_buffer, huge_page_copy,
                                         relocate_to_huge_pages)
-from compress.runtime.kv_cache import KVCache
+from compress.runtime.kv_cache import PagedKVCache
 from compress.runtime.layers import LINEAR_TYPES, DenseLinear, Int4Linear, Int8Linear, Int8OutlierLinear
-from compress.runtime.model_runner import ModelRunner
 from compress.runtime.models.llama import build_model
 
 from compress.runtime.loading import open_checkpoint
+from paged_steps import step_logits
 from runtime_models import save_model
-from test_decode_layer import checkpoint
+from scheme_checkpoints import checkpoint
 
 linux_only = pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"),
                                 reason="needs madvise(MADV_HUGEPAGE) and /proc/self/smaps (Linux)")
@@ -151,27 +151,19 @@ def test_model_in_huge_pages_decodes_the_same(tokenizer, scheme):
     assert ptrs == sorted(ptrs)
     plain = next(m for m in models[False].modules() if isinstance(m, LINEAR_TYPES))
     assert not advised_for_huge_pages(_streamed(plain)[0])
-    prompt = [[5, 9, 13, 21, 8, 40, 3]]
-    logits = {}
-    for hp, model in models.items():
-        runner = ModelRunner(model)
-        out = [runner.prefill(prompt, 12)]
-        for i in range(4):
-            out.append(runner.decode(torch.tensor([(7 * i) % 50 + 2])))
-        logits[hp] = out
+    logits = {hp: step_logits(model, [[5, 9, 13, 21, 8, 40, 3]], 4) for hp, model in models.items()}
     for a, b in zip(logits[False], logits[True]):
         assert torch.equal(a, b)
 
 
 @linux_only
 def test_kv_cache_on_cpu_is_zeroed_huge_page_memory():
-    cache = KVCache(3, 2, 2, 40, 16, torch.float32)
-    assert cache.k.shape == (3, 2, 2, 40, 16) and cache.k.dtype == torch.float32
+    cache = PagedKVCache(3, 40, 2, 16, 8, torch.float16)
+    assert cache.k.shape == (3, 40, 2, 16, 8) and cache.k.dtype == torch.float16
     assert int(cache.k.count_nonzero()) == 0 and int(cache.v.count_nonzero()) == 0
     assert advised_for_huge_pages(cache.k) and advised_for_huge_pages(cache.v)
-    cache.k[:, 1, :, :5] = 2.0
-    cache.keep([1], 5)
-    assert torch.equal(cache.layer(2)[0][0, :, :5], torch.full((2, 5, 16), 2.0))
+    cache.k[2, 7] = 2.0
+    assert torch.equal(cache.layer(2)[0][7], torch.full((2, 16, 8), 2.0, dtype=torch.float16))
 
 
 

@@ -54,20 +54,21 @@ def test_guard_matches_reference_and_rescues_a_spike(backend):
 
 
 @pytest.mark.skipif(not native_available("cpu"), reason="native CPU kernels not built")
-def test_guarded_model_decodes_in_one_native_call_as_the_reference(tokenizer):
-    """With the guard in the native op an LLM.int8 model keeps the one-call decode step
-    (DecodePlan); its logits, with spikes in every step, follow the reference kernels (the
-    guard in Python around the reference op)."""
-    from test_decode_layer import checkpoint, step_logits
+def test_guarded_model_follows_the_reference(tokenizer):
+    """An LLM.int8 model with the guard in the native op keeps a form the native decode
+    step takes (its decode_spec); its logits over engine steps, with spikes in every
+    step, follow the reference kernels (the guard in Python around the reference op)."""
+    from paged_steps import step_logits
+    from scheme_checkpoints import checkpoint
 
     ckpt = checkpoint("llama", "llm_int8_guarded", len(tokenizer))
     native = build_model(ckpt)
-    assert native.fused_decode and native.decodes_in_one_call
-    assert {s for layer in native.layers for s in layer.decode_args[3]} == {"llm_int8_guarded_prepared"}
+    assert {m.decode_spec()[0] for layer in native.layers for m in (layer.attn.qkv_proj, layer.mlp.down_proj)} \
+        == {"llm_int8_guarded_prepared"}
     prompts = [[5, 9, 13, 21, 8, 40, 3], [11, 4, 7]]
-    got = step_logits(native, prompts, 6, fused=True)
-    want = step_logits(build_model(ckpt, kernels="reference"), prompts, 6, fused=False)
+    got = step_logits(native, prompts, 6)
+    want = step_logits(build_model(ckpt, kernels="reference"), prompts, 6)
     for step, (g, w) in enumerate(zip(got, want)):
         torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4, msg=lambda m: f"step {step}: {m}")
-    static = step_logits(build_model(checkpoint("llama", "llm_int8", len(tokenizer))), prompts, 6, fused=True)
+    static = step_logits(build_model(checkpoint("llama", "llm_int8", len(tokenizer))), prompts, 6)
     assert all((g - s).abs().max() > 1e-3 for g, s in zip(got, static))   # the guard acted in every step

@@ -1,6 +1,6 @@
 """Per-channel int4 in the runtime: the same int4 kernels, with a K they cannot take
 (172) padded at load time (``runtime/int4_padding.py``) so that the padding contributes
-exactly 0; fused q/k/v and gate/up; the fused decode step where K needs no padding and
+exactly 0; fused q/k/v and gate/up; the native decode step's form where K needs no padding and
 the module path where it does."""
 from __future__ import annotations
 
@@ -87,25 +87,20 @@ def test_tiny_llama_matches_dequantized_reference(tokenizer, intermediate):
 
 @pytest.mark.skipif(not native_available("cpu"), reason="native CPU kernels not built")
 @pytest.mark.parametrize("intermediate", [172, 128])
-def test_decode_plan_where_k_allows_and_module_path_where_padded(tokenizer, intermediate):
-    from test_decode_layer import step_logits
+def test_engine_steps_and_the_native_form_where_k_allows(tokenizer, intermediate):
+    """Engine steps (prefill, then decodes over the paged cache) follow the reference
+    kernels; a layer whose K is padded has no form for the native decode step (which
+    passes x unpadded), one whose K needs no padding has."""
+    from paged_steps import step_logits
 
     ckpt, _ = quantized_pair("llama", "w4a16-channel", len(tokenizer), intermediate_size=intermediate)
     model = build_model(ckpt)
     assert model.layers[0].attn.qkv_proj is not None and model.layers[0].mlp.gate_up_proj is not None
+    assert (model.layers[0].mlp.down_proj.decode_spec() is None) == (intermediate == 172)
     prompts = [[5, 9, 13, 21, 8, 40, 3], [11, 4, 7]]
-    if intermediate == 172:    # down_proj reads a padded K: the fused decode step cannot pass it
-        assert not model.fused_decode and model.decode_plan is None
-        reference = build_model(ckpt, kernels="reference")
-        for got, want in zip(step_logits(model, prompts, 5, fused=False),
-                             step_logits(reference, prompts, 5, fused=False)):
-            assert sqnr_db(want, got) > 25
-    else:
-        assert model.fused_decode and model.decode_plan is not None
-        got = step_logits(model, prompts, 5, fused=True)
-        want = step_logits(model, prompts, 5, fused=False)
-        for g, w in zip(got, want):
-            torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+    reference = build_model(ckpt, kernels="reference")
+    for got, want in zip(step_logits(model, prompts, 5), step_logits(reference, prompts, 5)):
+        assert sqnr_db(want, got) > 25
 
 
 @pytest.mark.parametrize("k, group_size", [(64, 32), (96, 32), (160, 32)])

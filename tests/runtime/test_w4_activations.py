@@ -1,7 +1,7 @@
 """LLM(w4_activations=...): int4 (w4a16) layers with float activations, the default and the
 scheme's numbers (what transformers computes on the same compressed-tensors export), or
-with int8 activations per block of 32, the CPU fast path; on every path a step takes
-(prefill, the module decode, the native decode plan)."""
+with int8 activations per block of 32, the CPU fast path; in prefill and decode steps
+over the paged cache, and in the linear forms the native decode step reads."""
 from __future__ import annotations
 
 import pytest
@@ -12,7 +12,7 @@ from compress.ops import native_available
 from compress.runtime import LLM
 from compress.runtime.models.llama import build_model
 
-from test_decode_layer import step_logits
+from paged_steps import fed_token, step_logits
 from test_quantized import quantized_pair
 
 PROMPT = [5, 9, 13, 21, 8, 40, 3]
@@ -22,8 +22,8 @@ STEPS = 6
 def teacher_forced(model) -> tuple[list[int], torch.Tensor]:
     """(the whole sequence, the logits of its prefill and of each decode step) for PROMPT
     followed by step_logits' fixed tokens."""
-    logits = step_logits(model, [PROMPT], STEPS, fused=model.fused_decode)
-    tokens = [(7 * i) % 50 + 2 for i in range(STEPS)]  # what step_logits feeds (one row)
+    logits = step_logits(model, [PROMPT], STEPS)
+    tokens = [fed_token(i, 0) for i in range(STEPS)]
     return PROMPT + tokens, torch.cat(logits)
 
 
@@ -47,11 +47,10 @@ def hf_logits(hf, ids: list[int]) -> torch.Tensor:
 
 @pytest.mark.skipif(not native_available("cpu"), reason="native CPU kernels not built")
 def test_float_activations_are_the_schemes_numbers(int4_llama):
-    """The default: prefill and every decode step (one native call each) give the
-    dequantized model's logits to fp32 rounding; the int8 fast path visibly does not."""
+    """The default: prefill and every decode step give the dequantized model's logits to
+    fp32 rounding; the int8 fast path visibly does not."""
     ckpt, hf = int4_llama
     model = build_model(ckpt)
-    assert model.decodes_in_one_call
     ids, got = teacher_forced(model)
     want = hf_logits(hf, ids)
     assert relative_error(got, want) < 1e-5
@@ -61,19 +60,17 @@ def test_float_activations_are_the_schemes_numbers(int4_llama):
 
 @pytest.mark.skipif(not native_available("cpu"), reason="native CPU kernels not built")
 @pytest.mark.parametrize("choice,scheme", [("float", "w4a16_prepared"), ("int8", "w4a8_prepared")])
-def test_decode_plan_respects_the_choice(int4_llama, choice, scheme):
-    """The native decode step runs the chosen op (decode_layer's linear scheme) and gives
-    what the module path and the reference kernels give for the same choice."""
+def test_native_kernels_respect_the_choice(int4_llama, choice, scheme):
+    """The int4 layers hand the native decode step the chosen op (their decode_spec) and
+    the native kernels give what the reference kernels give for the same choice."""
     ckpt, _ = int4_llama
     model = build_model(ckpt, w4_activations=choice)
-    assert {s for layer in model.layers for s in layer.decode_args[3]} == {scheme}
-    assert model.decodes_in_one_call
-    _, plan = teacher_forced(model)
-    model.fused_decode = False
-    _, modules = teacher_forced(model)
+    linears = [m for layer in model.layers for m in (layer.attn.qkv_proj, layer.attn.o_proj,
+                                                      layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+    assert {m.decode_spec()[0] for m in linears} == {scheme}
+    _, native = teacher_forced(model)
     _, reference = teacher_forced(build_model(ckpt, kernels="reference", w4_activations=choice))
-    assert relative_error(plan, modules) < 1e-5
-    assert relative_error(plan, reference) < 1e-5
+    assert relative_error(native, reference) < 1e-5
 
 
 def test_unknown_choice_is_a_user_error(int4_llama):

@@ -1,8 +1,12 @@
 """Llama-family decoder (Llama, Mistral, Qwen2) built from a checkpoint's tensors.
 
 Our own implementation, not transformers' modules: RMSNorm, RoPE, grouped-query
-attention through ``scaled_dot_product_attention`` (``enable_gqa``, no head loops),
-SwiGLU MLP, optional tied embeddings. Family differences come from the table in
+attention through ``scaled_dot_product_attention`` (``enable_gqa``, no head loops) or,
+for one-token rows of an engine step, the paged decode attention op, SwiGLU MLP,
+optional tied embeddings. Two forwards share the layers: a cache-free one over padded
+``[B, T]`` batches (scoring) and an engine step over the paged KV cache (every row's
+tokens flattened, each at its own positions; ``runtime/step_batch.py``). The native
+one-call decode step over the same model objects lives in ``runtime/native_decode.py``. Family differences come from the table in
 ``compress/architectures.py`` (module names, q/k/v bias, sliding window). Every
 linear is a runtime layer class (``compress/runtime/layers.py``) chosen by the
 checkpoint's scheme for that module, so dense and packed weights run the same code.
@@ -16,13 +20,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from compress.architectures import ArchSpec, get_arch
-from compress.ops import _cpu_module, get_op, native_available
+from compress.ops import get_op, native_available
 from compress.ops.reference import apply_rope
 from compress.runtime.heap import release_free_heap
 from compress.runtime.hugepages import HugePageArena, relocate_to_huge_pages
 from compress.runtime.layers import LAYER_CLASSES, LINEAR_TYPES, Int4Linear, fuse_linears
 from compress.w4_activations import DEFAULT_W4_ACTIVATIONS, check_w4_activations
 from compress.runtime.models.rope import inverse_frequencies, rope_tables
+from compress.runtime.paged_attention import decode_attention_op, paged_attention, write_kv
 
 SUPPORTED_ACTIVATIONS = ("silu", "swish")
 
@@ -47,7 +52,9 @@ class RMSNorm(nn.Module):
 
 class Attention(nn.Module):
     """GQA attention. With ``fuse`` (the default) q/k/v become one linear (one kernel
-    call per step) when their schemes allow it (``layers.fuse_linears``)."""
+    call per step) when their schemes allow it (``layers.fuse_linears``). ``forward``:
+    a cache-free ``[B, T, H]`` batch; ``forward_paged``: a step's flattened tokens over
+    the paged KV cache (``runtime/paged_attention.py``)."""
 
     def __init__(self, q_proj, k_proj, v_proj, o_proj, n_heads: int, n_kv_heads: int, head_dim: int,
                  fuse: bool = True):
@@ -58,38 +65,42 @@ class Attention(nn.Module):
         self.o_proj = o_proj
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.backend = "native"
+        self.decode_op = decode_attention_op(self.backend)
 
     def prepare(self, backend: str = "native") -> None:
         self.backend = backend
+        self.decode_op = decode_attention_op(backend)
 
-    def _qkv(self, x, cos, sin):
-        b, t, _ = x.shape
+    def _project(self, x, cos, sin):
+        """``x [..., H]`` -> q ``[..., Hq, D]``, k, v ``[..., Hkv, D]``, q and k rotated
+        (``cos``/``sin`` ``[..., 1, D]``)."""
+        lead = x.shape[:-1]
         nq, nkv, d = self.n_heads, self.n_kv_heads, self.head_dim
         if self.qkv_proj is not None:
-            qkv = self.qkv_proj(x).view(b, t, nq + 2 * nkv, d).transpose(1, 2)
-            qk = apply_rope(qkv[:, :nq + nkv], cos, sin)  # one rotation for q and k
-            return qk[:, :nq], qk[:, nq:], qkv[:, nq + nkv:]
-        q = self.q_proj(x).view(b, t, nq, d).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, nkv, d).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, nkv, d).transpose(1, 2)
+            qkv = self.qkv_proj(x).view(*lead, nq + 2 * nkv, d)
+            qk = apply_rope(qkv[..., :nq + nkv, :], cos, sin)  # one rotation for q and k
+            return qk[..., :nq, :], qk[..., nq:, :], qkv[..., nq + nkv:, :]
+        q = self.q_proj(x).view(*lead, nq, d)
+        k = self.k_proj(x).view(*lead, nkv, d)
+        v = self.v_proj(x).view(*lead, nkv, d)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def forward(self, x, cos, sin, kv, start: int, mask, is_causal: bool):
+    def forward(self, x, cos, sin, mask, is_causal: bool):
+        """Cache-free: ``x [B, T, H]``, ``cos``/``sin`` ``[B, T, 1, D]``."""
         b, t, _ = x.shape
-        q, k, v = self._qkv(x, cos, sin)
-        if kv is not None:
-            k_cache, v_cache = kv
-            k_cache[:b, :, start:start + t] = k
-            v_cache[:b, :, start:start + t] = v
-            k, v = k_cache[:b, :, :start + t], v_cache[:b, :, :start + t]
-        if t == 1 and not is_causal:  # decode step: one query per row
-            y = get_op("decode_attention", self.backend)(q.squeeze(2), k, v, key_mask(mask))
-            return self.o_proj(y.view(b, 1, -1))
-        if k.dtype != q.dtype:  # a float16 KV cache (LLM(kv_cache_dtype="float16"))
-            k, v = k.to(q.dtype), v.to(q.dtype)
+        q, k, v = (y.transpose(1, 2) for y in self._project(x, cos, sin))
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                            enable_gqa=self.n_heads != self.n_kv_heads)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
+
+    def forward_paged(self, x, cos, sin, kv, batch, window: int | None):
+        """A step: ``x [N, H]`` (``step_batch.StepBatch`` says whose tokens), ``cos``/``sin``
+        ``[N, 1, D]``; writes the new keys and values into layer ``kv``'s pools."""
+        q, k, v = self._project(x, cos, sin)
+        k_pool, v_pool = kv
+        write_kv(k_pool, v_pool, k, v, batch.block_idx, batch.block_off)
+        y = paged_attention(q, k, v, k_pool, v_pool, batch, window, self.decode_op)
+        return self.o_proj(y.reshape(x.shape[0], self.n_heads * self.head_dim))
 
 
 class MLP(nn.Module):
@@ -116,35 +127,22 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.attn, self.mlp, self.attn_norm, self.mlp_norm = attn, mlp, attn_norm, mlp_norm
         self.window = window
-        self.decode_args: tuple | None = None
 
-    def prepare_decode(self, backend: str) -> None:
-        """Collect this layer's tensors for ``compress::decode_layer`` (the whole layer in
-        one native call per decode step) when the native CPU kernels are loaded and every
-        linear has a form the op takes (q/k/v and gate/up fused).
-        Otherwise ``decode_args`` stays ``None`` and decode runs the modules."""
-        self.decode_args = None
-        attn, mlp = self.attn, self.mlp
-        if (backend != "native" or not native_available("cpu") or self.attn_norm.weight.device.type != "cpu"
-                or attn.qkv_proj is None or mlp.gate_up_proj is None):
-            return
-        specs = [linear.decode_spec() for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
-        if any(spec is None for spec in specs):
-            return
-        if any(spec[0] == "dense" and spec[2][0].dtype != self.attn_norm.weight.dtype for spec in specs):
-            return
-        self.decode_args = (self.attn_norm.weight, self.mlp_norm.weight, self.attn_norm.eps,
-                            [spec[0] for spec in specs], [spec[1] for spec in specs],
-                            [t for spec in specs for t in spec[2]], [spec[3] for spec in specs])
+    def forward(self, x, cos, sin, mask, is_causal):
+        a = self.attn(self.attn_norm(x), cos, sin, mask, is_causal)
+        h, x = self.mlp_norm.add_forward(a, x)
+        return x + self.mlp(h)
 
-    def forward(self, x, cos, sin, kv, start, mask, is_causal):
-        a = self.attn(self.attn_norm(x), cos, sin, kv, start, mask, is_causal)
+    def forward_paged(self, x, cos, sin, kv, batch):
+        a = self.attn.forward_paged(self.attn_norm(x), cos, sin, kv, batch, self.window)
         h, x = self.mlp_norm.add_forward(a, x)
         return x + self.mlp(h)
 
 
 class LlamaFamilyModel(nn.Module):
-    """``forward`` returns final hidden states; ``logits`` applies the LM head (fp32 out)."""
+    """``forward``: cache-free final hidden states of a ``[B, T]`` batch (scoring);
+    ``forward_paged``: one engine step over the paged KV cache; ``logits`` applies the
+    LM head (fp32 out)."""
 
     def __init__(self, embed: torch.Tensor, layers: list[DecoderLayer], norm: RMSNorm, lm_head: nn.Module,
                  inv_freq: torch.Tensor, max_seq_len: int, n_kv_heads: int, head_dim: int):
@@ -156,14 +154,6 @@ class LlamaFamilyModel(nn.Module):
         cos, sin = rope_tables(inv_freq, max_seq_len)
         self.register_buffer("rope_cos", cos.to(embed.device), persistent=False)
         self.register_buffer("rope_sin", sin.to(embed.device), persistent=False)
-        # decode steps run each layer as one compress::decode_layer call; build_model sets
-        # it when every layer allows that (DecoderLayer.prepare_decode). False forces the
-        # module path.
-        self.fused_decode = False
-        # ... and, with the native CPU kernels, all layers in one call of a
-        # compress._C.DecodePlan built once (make_decode_plan); None calls the op per layer.
-        self.decode_plan = None
-        self.decode_windows: list = []  # the plan's mask slots: one attention window each
 
     @property
     def dtype(self) -> torch.dtype:
@@ -177,95 +167,57 @@ class LlamaFamilyModel(nn.Module):
     def vocab_size(self) -> int:
         return self.embed.shape[0]
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache=None,
-                start: int = 0, key_valid: torch.Tensor | None = None) -> torch.Tensor:
-        """``input_ids``/``positions`` ``[B, T]``; the queries occupy cache slots
-        ``start .. start+T-1``; ``key_valid [B, start+T]`` marks real (non-pad) slots,
-        ``None`` when all are real."""
+    @property
+    def n_heads(self) -> int:
+        return self.layers[0].attn.n_heads
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                key_valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Cache-free: ``input_ids``/``positions`` ``[B, T]``; ``key_valid [B, T]`` marks
+        real (non-pad) tokens, ``None`` when all are. Final hidden states ``[B, T, H]``."""
         x = F.embedding(input_ids, self.embed)
         t = input_ids.shape[1]
-        masks = {window: attention_mask(t, start, key_valid, window, x.device)
+        masks = {window: attention_mask(t, key_valid, window, x.device)
                  for window in {layer.window for layer in self.layers}}
-        if t == 1 and kv_cache is not None and self.fused_decode:
-            return self.norm(self._decode_fused(x, positions, kv_cache, start, masks))
-        cos = self.rope_cos[positions].to(x.dtype).unsqueeze(1)
-        sin = self.rope_sin[positions].to(x.dtype).unsqueeze(1)
-        for i, layer in enumerate(self.layers):
+        cos = self.rope_cos[positions].to(x.dtype).unsqueeze(2)
+        sin = self.rope_sin[positions].to(x.dtype).unsqueeze(2)
+        for layer in self.layers:
             mask, is_causal = masks[layer.window]
-            kv = None if kv_cache is None else kv_cache.layer(i)
-            x = layer(x, cos, sin, kv, start, mask, is_causal)
+            x = layer(x, cos, sin, mask, is_causal)
         return self.norm(x)
 
-    def _decode_fused(self, x: torch.Tensor, positions: torch.Tensor, kv_cache, start: int,
-                      masks: dict) -> torch.Tensor:
-        """A decode step (one token per row, written at cache slot ``start``), one
-        ``compress::decode_layer`` call per layer. ``x [B, 1, H]`` -> ``[B, 1, H]``."""
-        b = x.shape[0]
-        h = x.view(b, -1)
-        cos = self.rope_cos[positions[:, 0]].to(h.dtype)
-        sin = self.rope_sin[positions[:, 0]].to(h.dtype)
-        key_masks = {window: key_mask(mask) for window, (mask, _) in masks.items()}
-        if self.decode_plan is not None:
-            h = self.decode_plan.step(h, cos, sin, kv_cache.k, kv_cache.v, start,
-                                      [key_masks[window] for window in self.decode_windows])
-            return h.view(b, 1, -1)
-        n_heads = self.layers[0].attn.n_heads
-        op = torch.ops.compress.decode_layer.default  # the overload itself: ~18 us less per call
+    def forward_paged(self, batch, kv_cache, out_index: torch.Tensor | None = None) -> torch.Tensor:
+        """One engine step (``step_batch.StepBatch``) over ``kv_cache``
+        (``kv_cache.PagedKVCache``): writes every new token's keys and values, returns
+        the final hidden states ``[len(out_index), H]`` of the tokens ``out_index`` picks
+        (all ``[N, H]`` when ``None``)."""
+        x = F.embedding(batch.token_ids, self.embed)
+        cos = self.rope_cos[batch.positions].to(x.dtype).unsqueeze(1)
+        sin = self.rope_sin[batch.positions].to(x.dtype).unsqueeze(1)
         for i, layer in enumerate(self.layers):
-            k_cache, v_cache = kv_cache.layer(i)
-            h = op(h, *layer.decode_args, cos, sin, k_cache, v_cache, start, key_masks[layer.window],
-                   n_heads, self.n_kv_heads)
-        return h.view(b, 1, -1)
+            x = layer.forward_paged(x, cos, sin, kv_cache.layer(i), batch)
+        return self.norm(x if out_index is None else x[out_index])
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
 
-    @property
-    def decodes_in_one_call(self) -> bool:
-        """Whether :meth:`decode_logits` runs (a DecodePlan with its head)."""
-        return self.fused_decode and self.decode_plan is not None and self.decode_plan.has_head
 
-    def decode_logits(self, ids: list[int], positions: list[int], kv_cache, start: int,
-                      key_valid: torch.Tensor | None = None,
-                      greedy: bool = False) -> tuple[torch.Tensor, list[int] | None]:
-        """A decode step in one ``DecodePlan.decode_tokens`` call: token ``ids`` at
-        ``positions`` (Python ints, one per row) written at cache slot ``start`` ->
-        ``(fp32 logits [B, V], each row's argmax token if greedy else None)``. The logits
-        are what ``logits(forward(...)[:, -1])`` gives, bit for bit; the step makes no
-        tensor op in Python except the masks of padded or windowed batches."""
-        masks = [key_mask(attention_mask(1, start, key_valid, window, kv_cache.k.device)[0])
-                 for window in self.decode_windows]
-        logits, tokens = self.decode_plan.decode_tokens(ids, positions, kv_cache.k, kv_cache.v, start, masks, greedy)
-        return logits, (tokens if greedy else None)
-
-
-def key_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
-    """A one-query ``attention_mask`` ``[B|1, 1, 1, S]`` as the decode ops take it: ``[B|1, S]``."""
-    return None if mask is None else mask.reshape(mask.shape[0], mask.shape[-1])
-
-
-def attention_mask(t: int, start: int, key_valid: torch.Tensor | None, window: int | None,
+def attention_mask(t: int, key_valid: torch.Tensor | None, window: int | None,
                    device) -> tuple[torch.Tensor | None, bool]:
-    """``(mask [B|1, 1, T, S] bool or None, is_causal)`` for queries at slots
-    ``start..start+T-1`` over keys ``0..S-1`` (S = start + T).
-
-    Causal, optionally windowed (a query sees keys less than ``window`` slots back),
-    restricted to valid keys. A query always sees its own slot, so padded query rows
-    stay finite."""
-    s = start + t
-    windowed = window is not None and s > window
+    """``(mask [B|1, 1, T, T] bool or None, is_causal)`` for a cache-free batch of ``T``
+    tokens: causal, optionally windowed (a query sees keys less than ``window``
+    positions back), restricted to valid keys. A query always sees itself, so padded
+    query rows stay finite."""
+    windowed = window is not None and t > window
     if key_valid is None and not windowed:
-        if t == 1:
-            return None, False
-        if start == 0:
-            return None, True
-    q_slot = torch.arange(start, s, device=device).unsqueeze(1)
-    k_slot = torch.arange(s, device=device).unsqueeze(0)
+        return None, t > 1
+    q_slot = torch.arange(t, device=device).unsqueeze(1)
+    k_slot = torch.arange(t, device=device).unsqueeze(0)
     allowed = k_slot <= q_slot
     if windowed:
         allowed = allowed & (k_slot > q_slot - window)
     if key_valid is not None:
-        allowed = (allowed.unsqueeze(0) & key_valid[:, None, :s]) | (k_slot == q_slot).unsqueeze(0)
+        allowed = (allowed.unsqueeze(0) & key_valid[:, None, :t]) | (k_slot == q_slot).unsqueeze(0)
     else:
         allowed = allowed.unsqueeze(0)
     return allowed.unsqueeze(1), False
@@ -387,36 +339,4 @@ def build_model(ckpt, dtype: torch.dtype = torch.float32, device="cpu", kernels:
     norm = prepared(RMSNorm(tensors.dense(arch.final_norm + ".weight"), eps))
     model = LlamaFamilyModel(embed, layers, norm, lm_head, inverse_frequencies(config, head_dim),
                              max_seq_len, n_kv, head_dim)
-    for layer in layers:
-        layer.prepare_decode(kernels)
-    model.fused_decode = all(layer.decode_args is not None for layer in layers)
-    make_decode_plan(model)
     return model.eval()
-
-
-def make_decode_plan(model: LlamaFamilyModel) -> None:
-    """Hands every layer's ``decode_args`` to a ``compress._C.DecodePlan`` once, so a decode
-    step is one native call instead of one ``compress::decode_layer`` call per layer (whose
-    ~30 arguments cost ~58 us a call to convert from Python). Leaves ``decode_plan`` None
-    where the extension has no DecodePlan."""
-    model.decode_plan, model.decode_windows = None, []
-    if not model.fused_decode:  # fused_decode implies the native CPU kernels are loaded
-        return
-    plan_class = getattr(_cpu_module(), "DecodePlan", None)
-    if plan_class is None:
-        return
-    windows = sorted({layer.window for layer in model.layers}, key=lambda w: (w is not None, w or 0))
-    plan = plan_class(model.layers[0].attn.n_heads, model.n_kv_heads)
-    for layer in model.layers:
-        attn_norm, mlp_norm, eps, schemes, group_sizes, weights, biases = layer.decode_args
-        plan.add_layer(attn_norm, mlp_norm, eps, schemes, group_sizes, weights, biases, windows.index(layer.window))
-    # The embedding, rope rows, final norm and lm_head too, where the lm_head has a form the
-    # plan runs: then a step is plan.decode(ids, positions, ...) -> logits, one call
-    # instead of ~15 PyTorch ops from Python (each ~20-100 us after a step's weights have
-    # streamed through the caches, against ~7 us back to back).
-    head = model.lm_head.decode_spec()
-    if head is not None:
-        scheme, group_size, tensors, bias = head
-        plan.set_head(model.embed, model.rope_cos, model.rope_sin, model.norm.weight, model.norm.eps,
-                      scheme, group_size, tensors, bias)
-    model.decode_plan, model.decode_windows = plan, windows

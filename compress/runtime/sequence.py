@@ -1,0 +1,190 @@
+"""Per-request state: the tokens so far, the request's place in the engine (status,
+computed tokens, KV block table), its incremental text and stop checks, its timings.
+
+A sequence's tokens are ``prompt_ids + output_ids`` (``token_ids``). The engine computes
+them into the KV cache in order: ``num_computed_tokens`` of them are there (prefix-cache
+hits included); the rest are computed in later steps (a prompt, a prefill chunk, the
+last sampled token). Preemption by recompute drops the blocks and sets
+``num_computed_tokens`` back to 0; the tokens, the text and the sampling generator are
+kept, so the request goes on where it stopped.
+"""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from compress.runtime.sampling import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"      # queued (new, or preempted): holds no KV blocks
+    RUNNING = "running"      # admitted: holds KV blocks, computed a step at a time
+    FINISHED = "finished"
+
+
+@dataclass
+class TokenLogprob:
+    """The chosen token's log-probability under the model (before temperature / top-k /
+    top-p) and the ``k`` most likely tokens' as ``{token_id: logprob}``."""
+    token_id: int
+    logprob: float
+    top: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class RequestOutput:
+    """A request's state after a step, or its result. ``text`` and ``token_ids`` are
+    everything generated so far; ``finish_reason``: 'stop' (eos, stop token or stop
+    string), 'length' (max_tokens, the model's max_seq_len, or a KV cache too small for
+    the sequence) or 'abort'; ``None`` while running. ``logprobs``: one entry per
+    generated token when ``SamplingParams.logprobs`` is set. ``metrics``: arrival,
+    first-scheduled, first-token and finish times (``time.perf_counter`` seconds),
+    ``prefill_s`` (first scheduled to first token), ``decode_s`` / ``decode_steps``
+    (first token to finish, and the tokens after the first), prompt and cached tokens."""
+    prompt: str | None
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    metrics: dict = field(default_factory=dict)
+    request_id: str = ""
+    finished: bool = True
+    logprobs: list[TokenLogprob] | None = None
+
+
+def _decoder(tokenizer):
+    """``ids -> text`` (special tokens skipped). A transformers fast tokenizer that neither
+    overrides its decoding nor cleans up spaces decodes as its Rust backend does: call the
+    backend directly, without transformers' Python layers (a quarter of the time; a decode
+    step makes two such calls per sequence, on caches the weights have just swept)."""
+    from transformers import PreTrainedTokenizerFast  # here: the runtime imports no transformers eagerly
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    plain = (isinstance(tokenizer, PreTrainedTokenizerFast)
+             and type(tokenizer)._decode is PreTrainedTokenizerFast._decode
+             and type(tokenizer).decode is PreTrainedTokenizerFast.decode)
+    if backend is not None and plain and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return lambda ids: backend.decode(ids, skip_special_tokens=True)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+
+
+class IncrementalDetokenizer:
+    """Text of generated tokens, decoded a few tokens at a time.
+
+    Decodes the window ``tokens[prefix:]`` and releases what it adds beyond
+    ``tokens[prefix:read]``; holds back while the tail is an incomplete UTF-8
+    sequence. Seeding the window with the end of the prompt keeps tokenizers that
+    drop a leading space right."""
+
+    def __init__(self, tokenizer, prompt_ids: list[int]):
+        self.tokenizer = tokenizer
+        self.decode = _decoder(tokenizer)
+        self.tokens = list(prompt_ids[-6:])
+        self.prefix = 0
+        self.read = len(self.tokens)
+
+    def add(self, token: int) -> str:
+        self.tokens.append(token)
+        before = self.decode(self.tokens[self.prefix:self.read])
+        after = self.decode(self.tokens[self.prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.prefix, self.read = self.read, len(self.tokens)
+            return after[len(before):]
+        return ""
+
+
+class Sequence:
+    def __init__(self, request_id: str, prompt: str | None, prompt_ids: list[int], params: SamplingParams,
+                 eos_token_ids: set[int], tokenizer=None, arrival_time: float | None = None):
+        self.request_id, self.prompt, self.params = request_id, prompt, params
+        self.prompt_ids = list(prompt_ids)
+        self.token_ids = list(prompt_ids)  # prompt + output, the order the cache holds them
+        self.output_ids: list[int] = []
+        self.text = ""
+        self.finish_reason: str | None = None
+        self.status = SequenceStatus.WAITING
+        # the engine's view
+        self.num_computed_tokens = 0       # tokens whose K/V are in the cache
+        self.num_cached_tokens = 0         # of the prompt, found in the prefix cache at first admission
+        self.block_table: list[int] = []   # KV block of positions [i*block_size, (i+1)*block_size)
+        self.block_hashes: list[int] = []  # prefix-cache hash of each full block of token_ids, in order
+        self.num_registered_blocks = 0     # leading blocks of block_table the prefix cache knows
+        self.num_preemptions = 0
+        self.generator = params.make_generator()  # a seeded request's own draws
+        self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
+        # times (time.perf_counter)
+        self.arrival_time = time.perf_counter() if arrival_time is None else float(arrival_time)
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.finish_time: float | None = None
+        # stops and text
+        self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
+        self.detok = None if tokenizer is None else IncrementalDetokenizer(tokenizer, prompt_ids)
+        self.stops = params.stop if self.detok is not None else []
+        self.holdback = max((len(s) for s in self.stops), default=1) - 1
+        self.released = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def finish(self, reason: str) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = reason
+            self.status = SequenceStatus.FINISHED
+            self.finish_time = time.perf_counter()
+
+    def append(self, token: int, logprob: TokenLogprob | None = None) -> None:
+        """A sampled token: extend the tokens and text, check the stops."""
+        if self.first_token_time is None:
+            self.first_token_time = time.perf_counter()
+        self.token_ids.append(token)
+        self.output_ids.append(token)
+        if self.logprobs is not None and logprob is not None:
+            self.logprobs.append(logprob)
+        if token in self.stop_ids:
+            return self.finish("stop")
+        if self.detok is not None:
+            start = len(self.text)
+            self.text += self.detok.add(token)
+            if self.stops and len(self.text) > start:
+                self._check_stop_strings(max(0, start - self.holdback))
+        if len(self.output_ids) >= self.params.max_tokens:
+            self.finish("length")
+
+    def _check_stop_strings(self, search_from: int) -> None:
+        hits = [i for i in (self.text.find(s, search_from) for s in self.stops) if i >= 0]
+        if hits:
+            self.text = self.text[:min(hits)]
+            self.finish("stop")
+
+    def take_delta(self) -> str:
+        """Text not yet released; while running, the last characters that could start
+        a stop string are held back."""
+        end = len(self.text) if self.finished else max(self.released, len(self.text) - self.holdback)
+        delta = self.text[self.released:end]
+        self.released = end
+        return delta
+
+    def metrics(self) -> dict:
+        m = {"arrival_time": self.arrival_time, "first_scheduled_time": self.first_scheduled_time,
+             "first_token_time": self.first_token_time, "finish_time": self.finish_time,
+             "prompt_tokens": len(self.prompt_ids), "cached_tokens": self.num_cached_tokens,
+             "preemptions": self.num_preemptions}
+        if self.first_token_time is not None and self.first_scheduled_time is not None:
+            m["prefill_s"] = self.first_token_time - self.first_scheduled_time
+        if self.finish_time is not None and self.first_token_time is not None:
+            m["decode_s"] = self.finish_time - self.first_token_time
+            m["decode_steps"] = max(len(self.output_ids) - 1, 0)
+        return m
+
+    def output(self) -> RequestOutput:
+        text = self.text if self.finished else self.text[:max(0, len(self.text) - self.holdback)]
+        return RequestOutput(self.prompt, list(self.prompt_ids), text, list(self.output_ids), self.finish_reason,
+                             self.metrics(), self.request_id, self.finished,
+                             None if self.logprobs is None else list(self.logprobs))
