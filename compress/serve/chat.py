@@ -8,6 +8,7 @@ then (``stream_options.include_usage``) a chunk with no choices and the usage.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 
@@ -108,6 +109,9 @@ async def _stream(state, body, rid, gen: Generation, prompt_tokens: int, stops: 
         yield SSE_DONE
     except ClientGone:
         return
+    except asyncio.CancelledError:      # the response was cancelled: the client went away
+        state.disconnected += 1
+        raise
     except APIError as err:
         yield sse_event(err.body())
         yield SSE_DONE

@@ -19,7 +19,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 PLAIN_CHAT_TEMPLATE = (
-    "{{ bos_token }}"
+    "{% if bos_token is defined %}{{ bos_token }}{% endif %}"
     "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
 )

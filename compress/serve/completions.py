@@ -14,6 +14,7 @@ that names a ``max_tokens`` that does not fit is a 400 naming ``max_tokens``; th
 """
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -171,6 +172,9 @@ async def _stream(state, body, rid, gen: Generation, choices, stops):
         yield SSE_DONE
     except ClientGone:
         return
+    except asyncio.CancelledError:      # the response was cancelled: the client went away
+        state.disconnected += 1
+        raise
     except APIError as err:
         yield sse_event(err.body())
         yield SSE_DONE

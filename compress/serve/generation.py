@@ -31,6 +31,7 @@ class Generation:
         timeout = state.config.request_timeout
         self.deadline = time.monotonic() + timeout if timeout else None
         self.request = request if watch_disconnect else None
+        self._next_poll = time.monotonic() + state.config.disconnect_poll_s
 
     # ------------------------------------------------------------------ commands
     def start(self, index: int, prompt_ids: list[int], params, logprobs: int | None = None) -> None:
@@ -50,11 +51,19 @@ class Generation:
     # ------------------------------------------------------------------ results
     async def next(self) -> tuple[int, Progress | ScoreResult]:
         """The next result as ``(prompt index, item)``; a :class:`Failure` is raised as an
-        :class:`APIError` with the engine's status."""
+        :class:`APIError` with the engine's status. Checks the client every
+        ``disconnect_poll_s`` whether results keep coming or not."""
+        poll = self.state.config.disconnect_poll_s
         while True:
-            wait = self.state.config.disconnect_poll_s if self.request is not None else None
+            now = time.monotonic()
+            if self.request is not None and now >= self._next_poll:
+                self._next_poll = now + poll
+                if await self.request.is_disconnected():
+                    self.state.disconnected += 1
+                    raise ClientGone()
+            wait = self._next_poll - now if self.request is not None else None
             if self.deadline is not None:
-                left = self.deadline - time.monotonic()
+                left = self.deadline - now
                 if left <= 0:
                     self.state.timed_out += 1
                     raise APIError(f"the request did not finish within its timeout of "
@@ -62,11 +71,8 @@ class Generation:
                                    type="timeout_error", code="request_timeout")
                 wait = left if wait is None else min(wait, left)
             try:
-                item = await asyncio.wait_for(self.queue.get(), wait)
+                item = await asyncio.wait_for(self.queue.get(), max(wait, 0.0) if wait is not None else None)
             except asyncio.TimeoutError:
-                if self.request is not None and await self.request.is_disconnected():
-                    self.state.disconnected += 1
-                    raise ClientGone() from None
                 continue
             index = self._index.get(item.request_id)
             if index is None:

@@ -1,0 +1,327 @@
+"""compress serve over HTTP: the openai client, streaming, seeds, logprobs, tokenizer
+routes, validation, API key, the bounded queue, timeouts, disconnects, metrics."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+import requests
+from openai import OpenAI
+
+from conftest import MODEL_NAME
+
+
+def client(server, **kw) -> OpenAI:
+    return OpenAI(base_url=server.url + "/v1", api_key=kw.pop("api_key", "none"), max_retries=0, **kw)
+
+
+def wait_idle(server, timeout=10.0) -> dict:
+    """The engine's counters once nothing is in flight."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = dict(server.state.engine_loop.stats)
+        if server.state.in_flight == 0 and stats.get("running") == 0 and stats.get("waiting") == 0:
+            return stats
+        assert time.monotonic() < deadline, f"not idle: in flight {server.state.in_flight}, {stats}"
+        time.sleep(0.02)
+
+
+# ---------------------------------------------------------------- the openai client
+def test_completions_greedy_equal_the_runtime(server, references):
+    c = client(server)
+    for prompt, text, ids in zip(references["prompts"], references["texts"], references["token_ids"]):
+        out = c.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=12, temperature=0)
+        assert out.choices[0].text == text
+        assert out.usage.completion_tokens == len(ids)
+    # several prompts in one request, as token ids and text
+    ids = server.state.encode(references["prompts"][1], True)
+    out = c.completions.create(model=MODEL_NAME, prompt=[ids, references["prompts"][0]], max_tokens=12,
+                               temperature=0)
+    assert [ch.text for ch in sorted(out.choices, key=lambda ch: ch.index)] == references["texts"][::-1]
+
+
+def test_streamed_text_equals_the_whole_answer(server):
+    c = client(server)
+    whole = c.completions.create(model=MODEL_NAME, prompt="Return a list of", max_tokens=20, temperature=0)
+    pieces, finish, usage = [], None, None
+    for chunk in c.completions.create(model=MODEL_NAME, prompt="Return a list of", max_tokens=20, temperature=0,
+                                      stream=True, stream_options={"include_usage": True}):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for ch in chunk.choices:
+            pieces.append(ch.text)
+            finish = ch.finish_reason or finish
+    assert "".join(pieces) == whole.choices[0].text and len(pieces) > 2
+    assert finish == whole.choices[0].finish_reason
+    assert usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_stop_strings_cut_streamed_and_whole_text_alike(server):
+    c = client(server)
+    whole = c.completions.create(model=MODEL_NAME, prompt="Return the", max_tokens=30, temperature=0)
+    text = whole.choices[0].text
+    stop = text[8:11]
+    assert stop.strip(), text
+    cut = c.completions.create(model=MODEL_NAME, prompt="Return the", max_tokens=30, temperature=0, stop=[stop])
+    streamed = "".join(ch.text for chunk in c.completions.create(
+        model=MODEL_NAME, prompt="Return the", max_tokens=30, temperature=0, stop=[stop], stream=True)
+        for ch in chunk.choices)
+    assert cut.choices[0].text == text[:text.index(stop)] == streamed
+    assert cut.choices[0].finish_reason == "stop"
+
+
+def test_chat_and_streamed_chat(server):
+    c = client(server)
+    msgs = [{"role": "system", "content": "Answer in Python terms."}, {"role": "user", "content": "Sort a list"}]
+    whole = c.chat.completions.create(model=MODEL_NAME, messages=msgs, max_tokens=16, temperature=0)
+    assert whole.choices[0].message.role == "assistant"
+    deltas = list(c.chat.completions.create(model=MODEL_NAME, messages=msgs, max_tokens=16, temperature=0,
+                                            stream=True))
+    assert deltas[0].choices[0].delta.role == "assistant"
+    assert "".join(d.choices[0].delta.content or "" for d in deltas) == whole.choices[0].message.content
+    assert deltas[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    # the prompt is the plain template of the messages (the embedded tokenizer has none)
+    ids = requests.post(server.url + "/tokenize", json={"messages": msgs}).json()["tokens"]
+    assert whole.usage.prompt_tokens == len(ids)
+    assert server.state.decode(ids, skip_special_tokens=False).startswith("<s>system: Answer")
+
+
+def test_seeds_are_reproducible(server):
+    c = client(server)
+
+    def sample(seed):
+        return c.completions.create(model=MODEL_NAME, prompt="Return the", max_tokens=24, temperature=1.0,
+                                    top_p=0.95, seed=seed).choices[0].text
+
+    a, b, other = sample(7), sample(7), sample(8)
+    assert a == b and a != other
+    streamed = "".join(ch.text for chunk in c.completions.create(
+        model=MODEL_NAME, prompt="Return the", max_tokens=24, temperature=1.0, top_p=0.95, seed=7, stream=True)
+        for ch in chunk.choices)
+    assert streamed == a
+
+
+def test_echo_logprobs_score_the_prompt(server, references):
+    ids = references["score_ids"]
+    r = requests.post(server.url + "/v1/completions", json={
+        "model": MODEL_NAME, "prompt": ids, "max_tokens": 1, "echo": True, "logprobs": 1, "temperature": 0})
+    assert r.status_code == 200, r.text
+    lp = r.json()["choices"][0]["logprobs"]
+    assert len(lp["token_logprobs"]) == len(ids) + 1 and lp["token_logprobs"][0] is None
+    assert lp["top_logprobs"][0] is None
+    assert lp["token_logprobs"][1:len(ids)] == pytest.approx(references["score_logprobs"], abs=1e-4)
+    for chosen, top in zip(lp["token_logprobs"][1:], lp["top_logprobs"][1:]):
+        assert len(top) == 1 and max(top.values()) >= chosen
+    # max_tokens=0: the prompt only
+    r = requests.post(server.url + "/v1/completions", json={
+        "prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 2})
+    choice = r.json()["choices"][0]
+    assert len(choice["logprobs"]["token_logprobs"]) == len(ids) and choice["finish_reason"] == "length"
+    assert all(len(t) == 2 for t in choice["logprobs"]["top_logprobs"][1:])
+    assert choice["text"] == server.state.decode(ids)
+
+
+def test_generated_logprobs(server):
+    c = client(server)
+    out = c.completions.create(model=MODEL_NAME, prompt="Return the", max_tokens=5, temperature=0, logprobs=3)
+    lp = out.choices[0].logprobs
+    assert len(lp.token_logprobs) == 5
+    for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
+        assert len(top) <= 3 and chosen == pytest.approx(max(top.values()))     # greedy: the top one
+    chat = c.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                     temperature=0, logprobs=True, top_logprobs=2)
+    assert len(chat.choices[0].logprobs.content) == 3
+    assert all(len(t.top_logprobs) == 2 for t in chat.choices[0].logprobs.content)
+
+
+# ---------------------------------------------------------------- tokenizer routes
+def test_tokenizer_routes_as_lm_eval_reads_them(server):
+    from lm_eval.utils import RemoteTokenizer, check_remote_tokenizer_support
+
+    assert check_remote_tokenizer_support(server.url + "/v1/completions")
+    tok = RemoteTokenizer(server.url + "/v1/completions")
+    ids = tok.encode("Return the number of items")
+    assert ids == server.state.encode("Return the number of items", add_special_tokens=False)
+    assert tok.decode(ids) == "Return the number of items"
+    assert tok.eos_token_id == 2 and tok.bos_token_id == 1
+    assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == "user: x\nassistant:"
+    info = requests.get(server.url + "/tokenizer_info").json()
+    assert info["model_max_length"] == 1024 and info["eos_token"] == "</s>"
+    models = requests.get(server.url + "/v1/models").json()
+    assert [m["id"] for m in models["data"]] == [MODEL_NAME]
+
+
+def test_health_and_metrics(server):
+    assert requests.get(server.url + "/health").json() == {"status": "ok"}
+    requests.post(server.url + "/v1/completions", json={"prompt": "a", "max_tokens": 2})
+    text = requests.get(server.url + "/metrics").text
+    for name in ("compress_requests_total", "compress_requests_running", "compress_requests_waiting",
+                 "compress_queue_length", "compress_kv_blocks_used", "compress_kv_blocks_total",
+                 "compress_generation_tokens_per_second", "compress_generated_tokens_total"):
+        assert f"\n{name}" in text or text.startswith(f"# HELP {name}"), name
+    assert 'compress_requests_total{route="/v1/completions",status="200"}' in text
+
+
+# ---------------------------------------------------------------- errors
+@pytest.mark.parametrize("body,param", [
+    ({"prompt": "a", "temperature": -1}, "temperature"),
+    ({"prompt": "a", "top_p": 0}, "top_p"),
+    ({"prompt": "a", "top_k": -5}, "top_k"),
+    ({"prompt": "a", "n": 2}, "n"),
+    ({"prompt": "a", "logprobs": 99}, "logprobs"),
+    ({"prompt": "a", "max_tokens": "3"}, "max_tokens"),
+    ({"prompt": "a", "frobnicate": True}, "frobnicate"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": [5, 999999]}, "prompt"),
+    ({"prompt": [1] * 1024}, "prompt"),
+    ({"prompt": "a", "max_tokens": 5000}, "max_tokens"),
+    ({"prompt": ["a", [1] * 1100]}, "prompt.1"),
+    ({"prompt": "a", "model": "gpt-4"}, "model"),
+])
+def test_completion_errors_name_the_field(server, body, param):
+    r = requests.post(server.url + "/v1/completions", json=body)
+    assert r.status_code == (404 if param == "model" else 400), r.text
+    err = r.json()["error"]
+    assert err["param"] == param and param in err["message"] and err["type"]
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"messages": [{"role": "user", "content": "a"}], "max_tokens": 2000}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "a"}], "max_completion_tokens": 2000}, "max_completion_tokens"),
+    ({"messages": [{"role": "user", "content": "word " * 1100}]}, "messages"),
+    ({"messages": [{"role": "user"}], "temperature": 9}, "temperature"),
+    ({"messages": "hi"}, "messages"),
+])
+def test_chat_errors_name_the_field(server, body, param):
+    r = requests.post(server.url + "/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_malformed_json_and_unknown_routes(server):
+    r = requests.post(server.url + "/v1/completions", data=b'{"prompt": "a",', headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    r = requests.get(server.url + "/v1/nothing")
+    assert r.status_code == 404 and "error" in r.json()
+    r = requests.get(server.url + "/v1/completions")
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_api_key(server):
+    server.state.config.api_key = "sekrit"
+    r = requests.get(server.url + "/v1/models")
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert requests.get(server.url + "/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert requests.post(server.url + "/tokenize", json={"prompt": "a"}).status_code == 401
+    assert requests.get(server.url + "/metrics").status_code == 401
+    assert requests.get(server.url + "/health").status_code == 200          # open for probes
+    assert client(server, api_key="sekrit").models.list().data[0].id == MODEL_NAME
+    out = client(server, api_key="sekrit").completions.create(model=MODEL_NAME, prompt="a", max_tokens=2)
+    assert out.choices[0].finish_reason in ("length", "stop")
+    import openai
+    with pytest.raises(openai.AuthenticationError):
+        client(server, api_key="nope").completions.create(model=MODEL_NAME, prompt="a", max_tokens=2)
+
+
+# ---------------------------------------------------------------- limits, disconnects
+@pytest.fixture
+def slow_engine(server, monkeypatch):
+    """Engine steps of at least 20 ms, so long requests stay in flight while a test looks."""
+    engine = server.state.engine_loop.engine
+    step = engine.step
+
+    def slow_step():
+        time.sleep(0.02)
+        return step()
+
+    monkeypatch.setattr(engine, "step", slow_step)
+
+
+def _open_stream(server, max_tokens=900):
+    """A long greedy stream, after its first event. The line iterator is kept with the
+    response: dropping it would close the connection (urllib3 releases it)."""
+    r = requests.post(server.url + "/v1/completions", json={
+        "prompt": "Return the", "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0, "stream": True},
+        stream=True, timeout=30)
+    assert r.status_code == 200, r.text
+    r.lines = r.iter_lines()
+    while not next(r.lines):
+        pass
+    return r
+
+
+def test_queue_full_is_503_with_retry_after(server, slow_engine):
+    server.state.config.max_num_seqs = 1
+    server.state.config.max_queue = 1
+    first, second = _open_stream(server), None
+    try:
+        second = requests.post(server.url + "/v1/completions", json={
+            "prompt": "a", "max_tokens": 900, "ignore_eos": True, "stream": True}, stream=True, timeout=30)
+        assert second.status_code == 200
+        third = requests.post(server.url + "/v1/completions", json={"prompt": "a", "max_tokens": 2})
+        assert third.status_code == 503, third.text
+        assert third.headers["Retry-After"] == "1" and third.json()["error"]["code"] == "queue_full"
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
+    stats = wait_idle(server)
+    assert stats["kv_blocks_used"] == 0
+    assert requests.post(server.url + "/v1/completions", json={"prompt": "a", "max_tokens": 2}).status_code == 200
+
+
+def test_client_killed_mid_stream_frees_its_request(server, slow_engine):
+    before = server.state.disconnected
+    responses = [_open_stream(server) for _ in range(3)]
+    assert server.state.engine_loop.stats["kv_blocks_used"] > 0
+    for r in responses:
+        # a reset, as a killed process leaves it
+        sock = socket.fromfd(r.raw._fp.fp.raw.fileno(), socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        sock.close()
+        r.close()
+    stats = wait_idle(server)
+    assert stats["running"] == 0 and stats["kv_blocks_used"] == 0
+    # a non-streaming request whose client goes away is aborted too
+    s = socket.create_connection((server.host, server.port))
+    body = json.dumps({"prompt": "Return the", "max_tokens": 900, "ignore_eos": True}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    deadline = time.monotonic() + 5
+    while server.state.in_flight == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    s.close()
+    stats = wait_idle(server)
+    assert stats["kv_blocks_used"] == 0 and server.state.disconnected >= before + 1
+
+
+def test_request_timeout(server):
+    server.state.config.request_timeout = 0.05
+    r = requests.post(server.url + "/v1/completions", json={"prompt": "a", "max_tokens": 1000, "ignore_eos": True})
+    assert r.status_code == 504 and r.json()["error"]["code"] == "request_timeout"
+    lines = [l for l in requests.post(server.url + "/v1/completions", json={
+        "prompt": "a", "max_tokens": 1000, "ignore_eos": True, "stream": True}).iter_lines() if l]
+    assert json.loads(lines[-2][len("data: "):])["error"]["code"] == "request_timeout"
+    assert lines[-1] == b"data: [DONE]"
+    assert wait_idle(server)["kv_blocks_used"] == 0
+
+
+def test_concurrent_requests_are_batched(server):
+    c = client(server)
+    results = {}
+
+    def run(i):
+        results[i] = c.completions.create(model=MODEL_NAME, prompt="Return the", max_tokens=12,
+                                          temperature=0).choices[0].text
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(set(results.values())) == 1 and len(results) == 6
+    assert wait_idle(server)["kv_blocks_used"] == 0
+
