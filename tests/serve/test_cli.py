@@ -1,0 +1,101 @@
+"""``compress serve`` as a process: it serves, and SIGTERM drains what can finish within
+the grace period, aborts the rest and exits 0."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import requests
+
+from conftest import EMBEDDED
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_parser_defaults_to_the_embedded_model():
+    from compress.cli import build_parser
+
+    args = build_parser().parse_args(["serve"])
+    assert args.path == str(EMBEDDED) and args.host == "127.0.0.1" and args.func.__name__ == "_cmd_serve"
+
+
+def test_bad_options_are_one_line_errors(tmp_path):
+    from compress.cli import main
+
+    assert main(["serve", str(tmp_path / "missing")]) == 2
+    assert main(["serve", "--max-queue", "-1"]) == 2
+
+
+@pytest.mark.slow
+def test_sigterm_drains_then_aborts_and_exits_zero(tmp_path):
+    port = free_port()
+    log = open(tmp_path / "serve.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "compress.cli", "serve", str(EMBEDDED), "--port", str(port),
+                             "--shutdown-grace", "8", "--max-num-seqs", "8", "--log-level", "warning"],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=EMBEDDED.parents[1])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+            try:
+                if requests.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        events: dict[str, list[bytes]] = {"short": [], "long": []}
+        first = {name: threading.Event() for name in events}
+
+        def stream(name, body):
+            try:
+                with requests.post(url + "/v1/completions", json={**body, "stream": True}, stream=True,
+                                   timeout=60) as r:
+                    for line in r.iter_lines():
+                        if line:
+                            events[name].append(line)
+                            first[name].set()
+            except requests.RequestException:
+                pass
+            first[name].set()
+
+        # short: 30 engine steps, in flight when SIGTERM comes, done well within the grace period;
+        # long: 40 sequences of 1000 tokens, 8 at a time -- 5000 engine steps, far beyond it
+        long_body = {"prompt": ["Return the"] * 40, "max_tokens": 1000, "ignore_eos": True}
+        threads = [threading.Thread(target=stream, args=("short", {"prompt": "Return the", "max_tokens": 30,
+                                                                   "ignore_eos": True})),
+                   threading.Thread(target=stream, args=("long", long_body))]
+        threads[0].start()
+        assert first["short"].wait(60)
+        threads[1].start()
+        assert first["long"].wait(60)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, (tmp_path / "serve.log").read_text()
+        elapsed = time.monotonic() - t0
+        for t in threads:
+            t.join(10)
+        assert events["short"][-1] == b"data: [DONE]"            # finished within the grace period
+        assert events["long"][-1] != b"data: [DONE]"             # cut at the end of it
+        done = [json.loads(e[6:]) for e in events["long"] if e.startswith(b"data: {")]
+        assert sum(1 for d in done for c in d["choices"] if c["finish_reason"]) < 40
+        assert elapsed < 30
+        with pytest.raises(requests.ConnectionError):
+            requests.get(url + "/health", timeout=1)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
