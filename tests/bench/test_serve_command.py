@@ -1,0 +1,84 @@
+"""`compress bench serve` end to end against real local servers: a server started as a
+peer subprocess, and one already running given by --url."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from openai_stub_server import StubServer
+
+from compress.bench.serve import command
+from compress.bench.serve.peers import PeerError, RunningPeer, free_port
+
+STUB = Path(__file__).with_name("openai_stub_server.py")
+
+
+def _args(tmp_path, repo_root, *extra):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    command.add_arguments(p)
+    return p.parse_args(["--model", str(repo_root / "models" / "pydoc-llama"), "--peers", "",
+                         "--num-prompts", "6", "--output-len", "3", "5", "--out", str(tmp_path / "r.json"),
+                         *extra])
+
+
+def test_bench_serve_against_a_running_server(tmp_path, repo_root, capsys):
+    with StubServer(token_delay=0.002, first_delay=0.005) as server:
+        args = _args(tmp_path, repo_root, "--url", f"stub={server.url}", "--concurrency", "1", "3")
+        assert command.main(args) == 0
+        sent = server.received
+    out = capsys.readouterr().out
+    result = json.loads((tmp_path / "r.json").read_text())
+    rows = result["rows"]
+    assert [(r["peer"], r["load"]) for r in rows] == [("stub", "c=1"), ("stub", "c=3")]
+    assert all(r["completed"] == 6 and r["failed"] == 0 and r["output_len_mismatches"] == 0 for r in rows)
+    # the warm-up, then the same 6 token-id prompts at each load (at c=3 in any order)
+    assert len(sent) == 13 and sorted(b["prompt"] for b in sent[1:7]) == sorted(b["prompt"] for b in sent[7:])
+    assert all(b["ignore_eos"] is True and b["model"] == "stub-model" for b in sent)
+    assert result["settings"]["num_prompts"] == 6 and result["settings"]["seed"] == 0
+    assert "| stub | random | c=3 | 6/0 |" in out
+
+    merged = tmp_path / "m.json"
+    args = _args(tmp_path, repo_root, "--merge", str(tmp_path / "r.json"), str(tmp_path / "r.json"))
+    args.out = str(merged)
+    assert command.main(args) == 0
+    assert len(json.loads(merged.read_text())["rows"]) == 4
+
+
+def test_long_prompt_workload_reports_the_stall(tmp_path, repo_root, capsys):
+    with StubServer(token_delay=0.003, first_delay=0.005) as server:
+        args = _args(tmp_path, repo_root, "--url", f"stub={server.url}", "--workload", "long-prompt",
+                     "--running", "2", "--running-output-len", "40", "--long-prompt-len", "300",
+                     "--long-after", "0.02")
+        assert command.main(args) == 0
+    row = json.loads((tmp_path / "r.json").read_text())["rows"][0]
+    assert row["load"] == "long-prompt" and row["completed"] == 3
+    assert row["long_prompt"]["long_prompt_tokens"] == 300 and row["long_prompt"]["gaps_during"] > 0
+    assert "ITL p99 during ms" in capsys.readouterr().out
+
+
+def test_peer_subprocess_starts_serves_and_stops(tmp_path):
+    port = free_port()
+    peer = RunningPeer("stub", [sys.executable, str(STUB), str(port)], tmp_path / "stub.log",
+                       f"http://127.0.0.1:{port}")
+    with peer:
+        process = peer.process
+        assert process.poll() is None
+    assert process.poll() is not None, "stopped when the block ends"
+    assert (tmp_path / "stub.log").read_text().startswith("$ ")
+
+
+def test_peer_that_dies_is_reported_with_its_log(tmp_path):
+    port = free_port()
+    peer = RunningPeer("broken", [sys.executable, "-c", "import sys; print('no model here'); sys.exit(3)"],
+                       tmp_path / "broken.log", f"http://127.0.0.1:{port}")
+    with pytest.raises(PeerError, match="(?s)exited with 3.*no model here"):
+        peer.start(ready_timeout=20)
+
+
+def test_unknown_peer_is_named(tmp_path, repo_root):
+    args = _args(tmp_path, repo_root)
+    args.peers = "ours,vllm"
+    with pytest.raises(Exception, match="unknown peer 'vllm'"):
+        command.run_bench(args)
