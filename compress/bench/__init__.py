@@ -1,10 +1,11 @@
 """Benchmarks: ``compress bench kernels`` (our CPU kernels against PyTorch and
 bitsandbytes, beside the measured DRAM bandwidth) and ``compress bench model PATH``
 (prefill / decode tokens/s of a checkpoint on our runtime, llama.cpp and transformers);
-``bench cuda`` (the CUDA kernels against cuBLAS and the roofline), ``bench profile
-CKPT`` (a decode step's time by op group), ``bench make-model`` (the benchmark model
-and its int4 / int8 exports) and ``bench outlier-model`` (a copy of a model with
-outlier features, same function).
+``bench serve`` (TTFT / TPOT / ITL / throughput of OpenAI-compatible servers under load:
+ours, ours one request at a time, llama.cpp's llama-server), ``bench cuda`` (the CUDA
+kernels against cuBLAS and the roofline), ``bench profile CKPT`` (a decode step's time
+by op group), ``bench make-model`` (the benchmark model and its int4 / int8 exports)
+and ``bench outlier-model`` (a copy of a model with outlier features, same function).
 
 ``add_bench_parser(subparsers)`` registers the ``bench`` subcommand on the CLI."""
 from __future__ import annotations
@@ -19,8 +20,12 @@ SUBCOMMANDS = {
     "make-model": ("make_model", "the random-init benchmark Llama (HF dir) and its RTN int4 / int8 exports"),
     "outlier-model": ("outlier_model", "a copy of a Llama-family model with outlier feature dimensions "
                                        "(same outputs)"),
-    "llamacpp": ("llamacpp", "build llama.cpp's llama-bench / llama-batched-bench / llama-quantize "
-                             "for this CPU (the baseline of `bench model`)"),
+    "llamacpp": ("llamacpp", "build llama.cpp's llama-bench / llama-batched-bench / llama-quantize / "
+                             "llama-server for this CPU (the baseline of `bench model` and `bench serve`)"),
+    "serve": ("serve.command", "serving benchmark (vllm bench serve's figures): our server, one request at a "
+                               "time, and llama-server on seeded workloads"),
+    "minitron": ("minitron", "issue 22's experiment: importance pruning + KD healing against random pruning and "
+                             "training from scratch on the embedded model"),
 }
 
 

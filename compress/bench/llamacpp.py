@@ -1,8 +1,9 @@
-"""``compress bench llamacpp [--dir DIR]``: llama.cpp's own benchmark tools, built for this
-CPU, as the baseline of ``compress bench model``.
+"""``compress bench llamacpp [--dir DIR]``: llama.cpp's own benchmark tools and server, built
+for this CPU, as the baseline of ``compress bench model`` and a peer of ``compress bench serve``.
 
 The llama-cpp-python source distribution (PyPI, fetched with pip) vendors llama.cpp; this
-extracts that tree, builds ``llama-bench``, ``llama-batched-bench`` and ``llama-quantize``
+extracts that tree, builds ``llama-bench``, ``llama-batched-bench``, ``llama-quantize`` and
+``llama-server`` (without its web UI: no npm, no download of prebuilt assets)
 with cmake (Release, ``-DGGML_NATIVE=ON``, CPU only, static, nothing else; one fix of
 llama-batched-bench's output, see ``PATCHES``), and records their paths with the HF ->
 GGUF converter (``convert_hf_to_gguf.py`` and its ``gguf-py``; it needs ``sentencepiece``)
@@ -34,12 +35,13 @@ from compress.errors import UserError
 from compress.io.files import atomic_write_text, make_temp_dir
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # the sdist whose vendored llama.cpp is built
-BUILD_TARGETS = ("llama-bench", "llama-batched-bench", "llama-quantize")
+BUILD_TARGETS = ("llama-bench", "llama-batched-bench", "llama-quantize", "llama-server")
 MANIFEST = "tools.json"
 CONVERTER_MODULES = ("sentencepiece", "numpy", "torch", "transformers")  # what convert_hf_to_gguf.py imports
 CMAKE_ARGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF",
               "-DGGML_CUDA=OFF", "-DGGML_METAL=OFF", "-DGGML_VULKAN=OFF", "-DGGML_RPC=OFF",
-              "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+              "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON",
+              "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",  # llama-server with an empty web UI
               "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_OPENSSL=OFF")
 VENDORED = "/vendor/llama.cpp/"  # where the sdist keeps llama.cpp
 

@@ -77,7 +77,9 @@ def test_build_records_tools_and_second_call_is_instant(fake_build):
     assert [c[1] for c in calls] == ["-S", "--build"]
     configure = calls[0]
     assert "-DGGML_NATIVE=ON" in configure and "-DCMAKE_BUILD_TYPE=Release" in configure
-    assert "-DGGML_CUDA=OFF" in configure and "-DLLAMA_BUILD_SERVER=OFF" in configure
+    assert "-DGGML_CUDA=OFF" in configure and "-DLLAMA_BUILD_SERVER=ON" in configure
+    assert "-DLLAMA_USE_PREBUILT_UI=OFF" in configure, "llama-server's web UI must not be downloaded"
+    assert "llama-server" in BUILD_TARGETS
     assert calls[1][calls[1].index("--target") + 1:] == list(BUILD_TARGETS)
     assert calls[1][calls[1].index("-j") + 1] == "2"
     manifest = json.loads((d / "tools.json").read_text())
