@@ -150,7 +150,7 @@ class LLMEngine:
         greedy = all(s.params.greedy for s in batch.seqs)
         out = self.runner.run(batch.seqs, batch.num_new_tokens, greedy=greedy)
         for seq, n in zip(out.seqs, out.num_new_tokens):
-            if seq.num_tokens - seq.num_computed_tokens > 1:
+            if seq.num_tokens - seq.num_computed_tokens > 1 or not seq.output_ids:  # prompt (or recompute)
                 self.tokens_prefilled += n
             else:
                 self.tokens_decoded += n
