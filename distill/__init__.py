@@ -23,20 +23,23 @@ Modules: ``losses`` (pure loss functions), ``config`` (the step's settings), ``t
 (the loop), ``checkpoint`` (atomic, resumable checkpoints), ``distributed`` (DDP),
 ``default_text`` (the offline default training text), ``transform`` (the stage step).
 
-Several processes (data parallel, DDP; one process per GPU, or CPU processes on gloo)::
+Several processes (data parallel; one process per GPU, or CPU processes on gloo)::
 
     torchrun --nproc_per_node 2 -m compress.cli run recipe.yaml
     accelerate launch --multi_gpu --num_processes 2 -m compress.cli run recipe.yaml   # runs torchrun
     # two machines, 8 GPUs each: on every machine (node_rank 0 and 1)
     torchrun --nnodes 2 --node_rank $RANK --nproc_per_node 8 \
         --rdzv_backend c10d --rdzv_endpoint $HEAD_NODE:29500 -m compress.cli run recipe.yaml
+    accelerate launch --multi_gpu --num_machines 2 --machine_rank $RANK --num_processes 16 \
+        --main_process_ip $HEAD_NODE --main_process_port 29500 -m compress.cli run recipe.yaml
 
 ``batch_size`` is the global batch: each process takes rows ``rank::world_size`` of it.
 Every process runs the whole recipe; rank 0 writes the output and evaluates, the others
 export to a scratch directory that is removed (``compress/pipeline.py`` run_recipe). On
-GPUs each process trains on ``cuda:LOCAL_RANK`` (nccl); on CPUs on gloo. Student and
-teacher are replicated on every process (DDP); ``parallel: fsdp`` (FSDP2 ``fully_shard``
-for models that do not fit one device) is refused: not implemented yet.
+GPUs each process trains on ``cuda:LOCAL_RANK`` (nccl); on CPUs on gloo. ``parallel:
+auto`` / ``ddp`` replicates the student (DDP); ``parallel: fsdp`` shards it with FSDP2
+(``fully_shard`` per decoder block, for students that do not fit one device), and
+``shard_teacher: true`` shards the frozen teacher too (``distill/distributed.py``).
 
 Checkpoints go to ``<output>/<stage>.distill-checkpoints`` every ``checkpoint_every``
 steps and are removed when the step completes; rerunning the same recipe after a crash

@@ -46,7 +46,9 @@ class DistillConfig:
     eval_every: int = 50               # held-out loss every N steps (and at the end); 0: end only
     checkpoint_every: int = 50         # an atomic checkpoint every N steps; 0: none
     seed: int | None = None            # data order and projection init (None: the recipe's seed)
-    parallel: Literal["auto", "ddp", "fsdp"] = "auto"   # under torchrun: auto = ddp
+    # under torchrun: ddp (auto) replicates the student; fsdp shards it (FSDP2 fully_shard)
+    parallel: Literal["auto", "ddp", "fsdp"] = "auto"
+    shard_teacher: bool = False        # under torchrun: shard the frozen teacher too (FSDP2) instead of replicating it
 
     def validate(self) -> None:
         check(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")

@@ -6,7 +6,9 @@ a progress bar (tokens, loss, tokens/s, ETA), the held-out loss every ``eval_eve
 steps, and an atomic checkpoint every ``checkpoint_every`` steps. A loss or gradient norm
 that is not finite stops the run with a StepError naming the step; the checkpoints
 written before it stay. Under torch.distributed (``distill/distributed.py``) each rank
-takes its share of every global batch and DDP averages the gradients.
+takes its share of every global batch and DDP, or FSDP2 (``parallel: fsdp``), averages
+the gradients; under FSDP2 the checkpoints hold the parameters and AdamW state gathered
+whole, the format one process writes.
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from torch import nn
 from compress.errors import StepError
 from distill.checkpoint import CheckpointDir
 from distill.config import DistillConfig
-from distill.distributed import World
+from distill.distributed import (OptimizerState, WholeParameters, World, gather_optimizer_state,
+                                 gather_parameters, scatter_optimizer_state, scatter_parameters_)
 from distill.losses import forward_kl, mixed_loss, next_token_ce
 
 
@@ -89,10 +92,20 @@ class Trainer:
             self.projections = make_projections(s_cfg.hidden_size, t_cfg.hidden_size, len(self.pairs),
                                                 seed).to(self.device)
         teacher.requires_grad_(False).eval()
-        params = list(student.parameters()) + (list(self.projections.parameters()) if self.projections else [])
         student.requires_grad_(True).train()
-        self.model = self.world.wrap(student)
+        # FSDP2 shards in place (parameters become DTensors): before the optimizer sees them
+        self.sharded = self.world.distributed and config.parallel == "fsdp"
+        if self.world.distributed and config.shard_teacher:
+            self.world.fully_shard(teacher)
+        if self.sharded:
+            self.model = self.world.fully_shard(student)
+            if self.projections is not None:
+                self.world.fully_shard_each(self.projections)
+        else:
+            self.model = self.world.wrap(student)
+        params = list(student.parameters()) + (list(self.projections.parameters()) if self.projections else [])
         self.params = params
+        self._resumed = None       # under FSDP2, rank 0's whole checkpoint tensors until scattered
         self.optimizer = torch.optim.AdamW(params, lr=config.lr, betas=tuple(config.betas),
                                            weight_decay=config.weight_decay)
 
@@ -120,7 +133,7 @@ class Trainer:
         scaled = loss * (local.shape[0] * self.world.size / batch.shape[0])
         self.optimizer.zero_grad(set_to_none=True)
         scaled.backward()
-        if self.projections is not None:        # outside DDP's module: averaged here
+        if self.projections is not None and not self.sharded:    # outside DDP's module: averaged here
             self.world.average_gradients(self.projections.parameters())
         norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip or float("inf"))
         value = self.world.mean(loss.detach() * local.shape[0] / batch.shape[0] * self.world.size)
@@ -145,12 +158,49 @@ class Trainer:
         self.student.train()
         return {"kl": kl / n, "ce": ce / n}
 
+    def whole_student(self):
+        """The student's parameters whole on the CPU (gathered under FSDP2, on every rank):
+        what the export writes."""
+        if self.sharded:
+            return gather_parameters(self.student, keep=True)
+        return self.student.cpu()
+
+    def save_checkpoint(self, checkpoints: CheckpointDir, done: int, meta: dict) -> None:
+        """Rank 0 writes the checkpoint; under FSDP2 every rank takes part in gathering it."""
+        keep = self.world.rank == 0
+        if self.sharded:
+            student = gather_parameters(self.student, keep)
+            projections = gather_parameters(self.projections, keep) if self.projections is not None else None
+            optimizer = gather_optimizer_state(self.optimizer, keep)
+        else:
+            student, projections, optimizer = self.student, self.projections, self.optimizer
+        if keep:
+            checkpoints.save(done, student, projections, optimizer, meta)
+
+    def load_checkpoint(self, checkpoints: CheckpointDir):
+        """Rank 0 reads the newest checkpoint (None: none); under FSDP2 into whole tensors,
+        kept in ``self._resumed`` until :meth:`share_resumed_state` scatters them."""
+        if not self.sharded:
+            return checkpoints.load_latest(self.student, self.projections, self.optimizer)
+        student = WholeParameters.empty_like(self.student)
+        projections = WholeParameters.empty_like(self.projections) if self.projections is not None else None
+        optimizer = OptimizerState()
+        resumed = checkpoints.load_latest(student, projections, optimizer)
+        if resumed is not None:
+            self._resumed = (student.tensors() + (projections.tensors() if projections else []), optimizer.value)
+        return resumed
+
     def share_resumed_state(self, start: int) -> int:
         """Rank 0 reads the checkpoints; the others take its step, weights and AdamW state."""
         step = torch.tensor([start], dtype=torch.long)
         self.world.broadcast_([step])
         start = int(step)
-        if start:
+        if start and self.sharded:
+            wholes, optimizer = self._resumed or (None, None)
+            scatter_parameters_(self.params, wholes)
+            scatter_optimizer_state(self.optimizer, self.params, optimizer)
+            self._resumed = None
+        elif start:
             if self.world.rank != 0:       # AdamW state of the right shapes, overwritten below
                 self.optimizer.load_state_dict({
                     "state": {i: {"step": torch.zeros(()), "exp_avg": torch.zeros_like(p),
@@ -166,7 +216,7 @@ class Trainer:
         cfg, steps = self.config, len(batches)
         start, meta = 0, {"losses": [], "held_out": []}
         if checkpoints is not None and self.world.rank == 0:
-            resumed = checkpoints.load_latest(self.student, self.projections, self.optimizer)
+            resumed = self.load_checkpoint(checkpoints)
             if resumed is not None:
                 start, meta = resumed.step, resumed.meta
                 log(f"{self.where}: resuming from the checkpoint of step {start} of {steps} "
@@ -182,7 +232,8 @@ class Trainer:
             total = sum(b.numel() for b in batches)
             bar = tqdm(total=total, initial=sum(b.numel() for b in batches[:start]), unit="tok",
                        unit_scale=True, desc="distill", dynamic_ncols=True)
-        evaluate = held_out is not None and held_out.numel() and self.world.rank == 0
+        # a sharded student's forward is a collective: every rank runs the held-out windows
+        evaluate = held_out is not None and held_out.numel() and (self.world.rank == 0 or self.sharded)
         if start == 0 and evaluate:
             result.held_out.append({"step": 0, **self.held_out(held_out, cfg.batch_size)})
         t0 = time.perf_counter()
@@ -202,9 +253,7 @@ class Trainer:
                     bar.set_postfix(post)
                 if checkpoints is not None and cfg.checkpoint_every and done % cfg.checkpoint_every == 0 \
                         and done < steps:
-                    if self.world.rank == 0:
-                        checkpoints.save(done, self.student, self.projections, self.optimizer,
-                                         {"losses": result.losses, "held_out": result.held_out})
+                    self.save_checkpoint(checkpoints, done, {"losses": result.losses, "held_out": result.held_out})
                     self.world.barrier()
         except StepError as exc:
             kept = checkpoints.steps() if checkpoints is not None else []

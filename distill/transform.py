@@ -37,9 +37,6 @@ class DistillTransform(ModelTransform):
         self.teacher_dir = ctx.teacher
         teacher_config = AutoConfig.from_pretrained(ctx.teacher)
         check_vocabulary(model.config.vocab_size, teacher_config.vocab_size, ctx.teacher, ctx.where)
-        if config.parallel == "fsdp":
-            raise StepError(f"{ctx.where}: parallel: fsdp (FSDP2 fully_shard) is not implemented yet; "
-                            "use parallel: auto (DDP under torchrun)")
 
     def budget(self) -> tuple[int, int]:
         t = self.training
@@ -110,7 +107,7 @@ class DistillTransform(ModelTransform):
             "resumed_from_step": result.resumed_from, "loss_first": result.losses[0] if result.losses else None,
             "loss_last": result.losses[-1] if result.losses else None, "held_out": result.held_out,
             "default_text": spec["default_text"], "world_size": world.size}
-        write_student(student.cpu(), source, writer)
+        write_student(trainer.whole_student(), source, writer)
         world.barrier()
         if world.rank == 0:
             checkpoints.remove()

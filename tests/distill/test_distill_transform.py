@@ -107,12 +107,6 @@ def test_without_a_training_section_the_default_pydoc_text_is_used(models, tmp_p
     assert stats["default_text"] and stats["steps"] == 2 and stats["seq_len"] == 32
 
 
-def test_fsdp_is_refused_until_it_exists(models, tmp_path):
-    teacher_dir, student_dir = models
-    with pytest.raises(StepError, match=r"step 1 \(distill\): parallel: fsdp .* not implemented"):
-        run(write_recipe(tmp_path, student_dir, teacher_dir, {"parallel": "fsdp"}), tmp_path / "out")
-
-
 def test_a_tied_head_is_trained_and_written_once(tmp_path):
     from distill_recipes import perturbed_copy, sharp_teacher
 
