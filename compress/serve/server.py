@@ -65,7 +65,9 @@ class ServerThread:
     def __init__(self, llm, config: ServeConfig, host: str = "127.0.0.1", port: int = 0,
                  shutdown_grace: float = 5.0, log_level: str = "warning"):
         self.app, self.state = make_app(llm, config)
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets that say so (else Nagle
+        # and delayed ACKs add ~40 ms to every keep-alive request)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.host, self.port = self.sock.getsockname()[:2]

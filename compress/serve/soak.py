@@ -132,7 +132,7 @@ async def run_soak(port: int, pid: int, requests: int, concurrency: int, kill_ev
                 return
         if kill is not None:
             counts["killed"] += 1
-        elif status == 200 and (not stream or payload.rstrip().endswith(b"data: [DONE]")):
+        elif status == 200 and (not stream or b"data: [DONE]" in payload):   # (chunked framing around it)
             counts["ok"] += 1
         else:
             counts["failed"] += 1
@@ -143,7 +143,8 @@ async def run_soak(port: int, pid: int, requests: int, concurrency: int, kill_ev
         m = await wait_idle(port, deadline)
         checkpoints.append({"requests_done": min(start + quarter, requests), "rss_mb": rss_bytes(pid) / 2**20,
                             "kv_blocks_used": m.get("compress_kv_blocks_used"),
-                            "kv_blocks_total": m.get("compress_kv_blocks_total")})
+                            "kv_blocks_total": m.get("compress_kv_blocks_total"),
+                            "server_saw_disconnects": m.get("compress_requests_disconnected_total")})
     growth = checkpoints[-1]["rss_mb"] - checkpoints[0]["rss_mb"]
     return {"requests": requests, "concurrency": concurrency, **counts, "failures": failures[:10],
             "checkpoints": checkpoints, "rss_growth_after_first_quarter_mb": growth,
