@@ -92,6 +92,13 @@ def test_a_stream_that_holds_tokens_back_is_flagged():
     r.output_tokens = 8
     s = summarize([r])
     assert s["chunks_per_token"] == pytest.approx(1 / 8) and s["output_tokens"] == 8
+    # no token chunk at all (all text in the closing chunk): counted, but it has no TTFT
+    silent = RequestResult(prompt_len=10, max_tokens=8, issued=0.0, end=0.9)
+    silent.output_tokens = 8
+    s = summarize([r, silent])
+    assert silent.ok and silent.ttft is None and silent.tpot is None
+    assert s["completed"] == 2 and s["output_tokens"] == 16 and s["ttft_ms"]["p50"] == pytest.approx(500)
+    assert s["e2e_ms"]["p50"] == pytest.approx(700)
     rows = [{**_row("ours", "c=1", 10.0), "chunks_per_token": 0.125}, {**_row("llamacpp", "c=1", 10.0),
                                                                        "chunks_per_token": 1.0}]
     table = markdown_table(rows)

@@ -130,12 +130,13 @@ class RequestResult:
 
     @property
     def ok(self) -> bool:
-        return self.error is None and bool(self.token_times)
+        return self.error is None and self.output_tokens > 0
 
     @property
-    def ttft(self) -> float:
-        """Seconds from issue to the first token chunk (queueing in the client counts)."""
-        return self.token_times[0] - self.issued
+    def ttft(self) -> float | None:
+        """Seconds from issue to the first token chunk; None when no chunk carried a token
+        (a server that sent all its tokens' text at the end)."""
+        return self.token_times[0] - self.issued if self.token_times else None
 
     @property
     def e2e(self) -> float:
@@ -149,7 +150,7 @@ class RequestResult:
     @property
     def tpot(self) -> float | None:
         """Mean seconds per output token after the first; None with one token."""
-        if self.output_tokens < 2:
+        if self.output_tokens < 2 or not self.token_times:
             return None
         return (self.end - self.token_times[0]) / (self.output_tokens - 1)
 
@@ -258,7 +259,7 @@ async def stream_completion(url: str, body: dict, result: RequestResult, headers
     if not result.end:
         result.end = time.perf_counter()
     result.output_tokens = result.reported_tokens if result.reported_tokens is not None else len(result.token_times)
-    if result.error is None and not result.token_times:
+    if result.error is None and result.output_tokens == 0:
         result.error = "the stream held no token"
     return result
 

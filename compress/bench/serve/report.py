@@ -64,7 +64,7 @@ def summarize(results: Sequence[RequestResult]) -> dict:
         # comes; less when it holds tokens back (e.g. sends only tokens that add text),
         # and then TTFT / TPOT / ITL time chunks of text, not tokens
         "chunks_per_token": sum(len(r.token_times) for r in ok) / out_tokens if out_tokens else math.nan,
-        "ttft_ms": distribution_ms([r.ttft for r in ok]),
+        "ttft_ms": distribution_ms([r.ttft for r in ok if r.token_times]),
         "tpot_ms": distribution_ms([t for r in ok if (t := r.tpot) is not None]),
         "itl_ms": distribution_ms([g for r in ok for g in r.itls]),
         "e2e_ms": distribution_ms([r.e2e for r in ok]),
@@ -78,8 +78,8 @@ def long_prompt_stall(results: Sequence[RequestResult]) -> dict | None:
     gaps that overlap the window from its issue to its first token), beside their
     median gap outside that window; None when the long request or the running ones
     failed."""
-    longs = [r for r in results if r.role == "long" and r.ok]
-    running = [r for r in results if r.role == "running" and r.ok]
+    longs = [r for r in results if r.role == "long" and r.ok and r.token_times]
+    running = [r for r in results if r.role == "running" and r.ok and r.token_times]
     if not longs or not running:
         return None
     long = longs[0]
@@ -142,9 +142,12 @@ def markdown_table(rows: Sequence[dict], baselines: Sequence[str] = ("ours-seria
             v = (r.get(f"vs_{b}") or {}).get("output_throughput")
             cells.append("-" if v is None else f"{v:.2f}x")
         lines.append("| " + " | ".join(cells) + " |")
-    for peer in dict.fromkeys(r["peer"] for r in rows if r.get("chunks_per_token", 1.0) < CHUNKS_PER_TOKEN_OK):
+    flagged = dict.fromkeys(r["peer"] for r in rows if r.get("chunks_per_token", 1.0) < CHUNKS_PER_TOKEN_OK)
+    if flagged:
+        lines.append("")
+    for peer in flagged:
         worst = min(r["chunks_per_token"] for r in rows if r["peer"] == peer)
-        lines.append(f"\nnote: {peer} streamed as few as {worst:.2f} chunks per generated token: its TTFT, TPOT and "
+        lines.append(f"note: {peer} streamed as few as {worst:.2f} chunks per generated token: its TTFT, TPOT and "
                      "ITL time the chunks it sent, not its tokens (throughput and E2E are unaffected)")
     return "\n".join(lines)
 
