@@ -82,3 +82,18 @@ def test_unknown_peer_is_named(tmp_path, repo_root):
     args.peers = "ours,vllm"
     with pytest.raises(Exception, match="unknown peer 'vllm'"):
         command.run_bench(args)
+
+
+def test_peer_table(tmp_path):
+    from compress.bench.serve.peers import PeerSettings
+
+    s = PeerSettings(model="/m/rtn-int4", threads=2)
+    ours = RunningPeer.from_settings("ours", s, tmp_path)
+    serial = RunningPeer.from_settings("ours-serial", s, tmp_path)
+    assert ours.command[ours.command.index("serve") + 1] == "/m/rtn-int4"
+    assert ours.command[ours.command.index("--threads") + 1] == "2" and "--max-num-seqs" not in ours.command
+    assert serial.command[serial.command.index("--max-num-seqs") + 1] == "1"
+    assert ours.body == serial.body == {"logprobs": 0}, "ours streams one chunk per token only with logprobs"
+    assert ours.base_url != serial.base_url and ours.log_path == tmp_path / "ours.log"
+    with pytest.raises(PeerError, match="no GGUF"):
+        RunningPeer.from_settings("llamacpp", s, tmp_path)

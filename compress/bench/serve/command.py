@@ -123,12 +123,13 @@ def run_bench(args, log=print) -> dict:
     for name, url in peer_list:
         peer = (peers_mod.RunningPeer(name, None, None, url) if url else
                 peers_mod.RunningPeer.from_settings(name, peer_settings, log_dir))
-        commands[name] = " ".join(peer.command) if peer.command else url
+        commands[name] = (" ".join(peer.command) if peer.command else url) + (
+            f"  (requests add {json.dumps(peer.body)})" if peer.body else "")
         log(f"# {name}: starting {commands[name]}" + (f" (log {peer.log_path})" if peer.log_path else ""))
         with peer:
             headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
             target = run.Target(peer.base_url, run.served_model(peer.base_url, headers) or "default", headers,
-                                timeout=args.request_timeout)
+                                extra_body=peer.body, timeout=args.request_timeout)
             if requests is None:   # no local tokenizer: the first server tokenizes, every peer gets its ids
                 requests = workload.build_workload(args.workload, workload.corpus_ids(texts, server_encoder(
                     peer.base_url)), args.num_prompts, args.seed, settings)

@@ -4,12 +4,14 @@ free loopback port and stopped after its runs:
 * ``ours``: ``compress serve MODEL`` (continuous batching, the engine's defaults);
 * ``ours-serial``: the same server admitting one sequence at a time
   (``--max-num-seqs 1``): our engine without continuous batching;
+* ``ours-no-prefix-cache``, ``ours-no-chunking``: ours without prefix caching, without
+  chunked prefill (the baselines of the shared-prefix and long-prompt workloads);
 * ``llamacpp``: llama.cpp's ``llama-server`` (built by ``compress bench llamacpp``) on the
   same weights as GGUF, with continuous batching over ``slots`` parallel slots, each
   slot ``ctx_per_slot`` tokens of context (``-c`` is their total).
 
 All get the same thread count. How each is started is data (``PEERS``): a function
-from the settings to the command line. A server already running elsewhere is a
+from the settings to the command line, and the extra fields its requests carry. A server already running elsewhere is a
 ``url`` peer (``--url NAME=URL``): nothing is started or stopped."""
 from __future__ import annotations
 
@@ -63,12 +65,31 @@ def _llamacpp(s: PeerSettings, port: int) -> list[str]:
             "-b", "2048", "-ub", "512", "-fit", "off", "--no-webui", *s.llamacpp_args]
 
 
-# peer name -> (command from settings and port, what it is)
-PEERS: dict[str, tuple[Callable[[PeerSettings, int], list[str]], str]] = {
-    "ours": (lambda s, port: _ours(s, port, []), "compress serve (continuous batching)"),
-    "ours-serial": (lambda s, port: _ours(s, port, ["--max-num-seqs", "1"]),
-                    "compress serve, one sequence at a time (no continuous batching)"),
-    "llamacpp": (_llamacpp, "llama.cpp llama-server, parallel slots with continuous batching"),
+@dataclass(frozen=True)
+class PeerKind:
+    """How a peer is started (``command(settings, port)``), what it is, and the extra
+    fields every request to it carries."""
+    command: Callable[[PeerSettings, int], list[str]]
+    about: str
+    body: dict = field(default_factory=dict)
+
+
+# `compress serve` streams a chunk only for tokens that add text; ids past the bench
+# model's tokenizer (4,096 of its 32,000) add none, so without per-token logprobs most
+# tokens would reach the client late, in the next chunk with text. logprobs=0 makes it
+# send one chunk per token (the sampled token's logprob: one log_softmax per token).
+OURS_BODY = {"logprobs": 0}
+
+PEERS: dict[str, PeerKind] = {
+    "ours": PeerKind(lambda s, port: _ours(s, port, []), "compress serve (continuous batching)", OURS_BODY),
+    "ours-serial": PeerKind(lambda s, port: _ours(s, port, ["--max-num-seqs", "1"]),
+                            "compress serve, one sequence at a time (no continuous batching)", OURS_BODY),
+    "ours-no-prefix-cache": PeerKind(lambda s, port: _ours(s, port, ["--no-prefix-caching"]),
+                                     "compress serve without prefix caching", OURS_BODY),
+    "ours-no-chunking": PeerKind(lambda s, port: _ours(s, port, ["--no-chunked-prefill"]),
+                                 "compress serve without chunked prefill", OURS_BODY),
+    # llama-server streams every token (empty text included), so it needs no extra field
+    "llamacpp": PeerKind(_llamacpp, "llama.cpp llama-server, parallel slots with continuous batching"),
 }
 
 
@@ -90,9 +111,11 @@ class RunningPeer:
     :meth:`stop` (SIGTERM, then SIGKILL after ``grace`` seconds). ``url`` peers are
     only checked for health."""
 
-    def __init__(self, name: str, command: list[str] | None, log_path: Path | None, base_url: str | None = None):
+    def __init__(self, name: str, command: list[str] | None, log_path: Path | None, base_url: str | None = None,
+                 body: dict | None = None):
         self.name, self.command, self.log_path = name, command, log_path
         self.base_url = base_url
+        self.body = dict(body or {})   # extra fields of every request
         self.process: subprocess.Popen | None = None
 
     @classmethod
@@ -100,7 +123,8 @@ class RunningPeer:
         if name not in PEERS:
             raise PeerError(f"peer {name!r}: unknown; choose among {', '.join(PEERS)} or give --url {name}=URL")
         port = free_port()
-        return cls(name, PEERS[name][0](settings, port), log_dir / f"{name}.log", f"http://127.0.0.1:{port}")
+        kind = PEERS[name]
+        return cls(name, kind.command(settings, port), log_dir / f"{name}.log", f"http://127.0.0.1:{port}", kind.body)
 
     def start(self, ready_timeout: float = 600.0) -> "RunningPeer":
         if self.command is not None:
