@@ -57,7 +57,8 @@ def _seeded(name: str, seed: int, first: int) -> str:
 
 
 def plan_arms(families: list[str], tokens: list[int], seeds: list[int]) -> list[Arm]:
-    """Every arm, in the order they run (a start before the arms that train it)."""
+    """Every arm, in the order they run: a start before the arms that train it, every arm
+    of the first seed before the other seeds' headline arms."""
     unknown = sorted(set(families) - set(FAMILIES))
     if unknown:
         raise ValueError(f"unknown arm family {unknown[0]!r}; known: {', '.join(FAMILIES)}")
@@ -67,9 +68,9 @@ def plan_arms(families: list[str], tokens: list[int], seeds: list[int]) -> list[
         raise ValueError(f"seeds must be distinct and at least one, got {seeds}")
     first, top = seeds[0], max(tokens)
     arms = [Arm("teacher", "teacher", None, 0, first, None)]
-    for family in (f for f in FAMILIES if f in families):
-        for seed in seeds:
-            headline_only = seed != first
+    for seed in seeds:              # the first seed's whole table, then the headline arms' other seeds
+        headline_only = seed != first
+        for family in (f for f in FAMILIES if f in families):
             if headline_only and family not in HEADLINE_FAMILIES:
                 continue
             if family == "scratch":

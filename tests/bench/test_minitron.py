@@ -63,11 +63,10 @@ def test_seed_spread_and_goals():
 def test_the_arm_plan_runs_headline_arms_per_seed_and_starts_first():
     arms = plan_arms(["width", "depth", "random", "scratch"], [250_000, 1_000_000], [0, 1])
     names = [a.name for a in arms]
-    assert names == ["teacher", "width", "width-kd-250k", "width-kd-1m", "width-kd-1m-s1",
-                     "depth", "depth-kd-250k", "depth-kd-1m",
-                     "random", "random-kd-250k", "random-kd-1m", "random-s1", "random-kd-1m-s1",
+    assert names == ["teacher", "width", "width-kd-250k", "width-kd-1m", "depth", "depth-kd-250k", "depth-kd-1m",
+                     "random", "random-kd-250k", "random-kd-1m",
                      "scratch-init", "scratch-ce-250k", "scratch-kd-250k", "scratch-ce-1m", "scratch-kd-1m",
-                     "scratch-init-s1", "scratch-kd-1m-s1"]
+                     "width-kd-1m-s1", "random-s1", "random-kd-1m-s1", "scratch-init-s1", "scratch-kd-1m-s1"]
     by = {a.name: a for a in arms}
     assert by["width-kd-1m-s1"].start == "width" and by["random-kd-1m-s1"].start == "random-s1"
     assert by["random-s1"].seed == 1 and by["scratch-kd-1m-s1"].heal == "kd"
