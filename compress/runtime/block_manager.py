@@ -18,6 +18,7 @@ logits are needed), so a hit covers at most the full blocks before it.
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections import OrderedDict
 
 from compress.runtime.sequence import Sequence
@@ -130,7 +131,7 @@ class BlockManager:
             if self.ref_counts[b] == 0:
                 del self.free_cached[b]
             self.ref_counts[b] += 1
-        seq.block_table = list(hits)
+        seq.block_table = array("i", hits)
         seq.num_registered_blocks = len(hits)
         seq.num_computed_tokens = len(hits) * self.block_size
         if self.enable_prefix_caching:
@@ -169,5 +170,5 @@ class BlockManager:
                     self.free_cached[b] = None
                 else:
                     heapq.heappush(self.free_plain, b)
-        seq.block_table = []
+        seq.block_table = array("i")
         seq.num_registered_blocks = 0

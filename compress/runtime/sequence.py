@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import time
+from array import array
 from dataclasses import dataclass, field
 
 from compress.runtime.sampling import SamplingParams
@@ -107,7 +108,7 @@ class Sequence:
         # the engine's view
         self.num_computed_tokens = 0       # tokens whose K/V are in the cache
         self.num_cached_tokens = 0         # of the prompt, found in the prefix cache at first admission
-        self.block_table: list[int] = []   # KV block of positions [i*block_size, (i+1)*block_size)
+        self.block_table = array("i")      # KV block of positions [i*block_size, (i+1)*block_size)
         self.block_hashes: list[int] = []  # prefix-cache hash of each full block of token_ids, in order
         self.num_registered_blocks = 0     # leading blocks of block_table the prefix cache knows
         self.num_preemptions = 0

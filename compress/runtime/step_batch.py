@@ -8,6 +8,7 @@ padding anywhere. Built with a handful of tensor ops whatever the number of toke
 """
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from itertools import chain
 
@@ -61,45 +62,57 @@ class StepBatch:
         return self._masks[key]
 
 
-def block_table_tensor(tables: list[list[int]], device="cpu") -> torch.Tensor:
-    """int32 ``[B, max len]``, each row padded with 0."""
+def block_table_tensor(tables, device="cpu") -> torch.Tensor:
+    """int32 ``[B, max len]`` of the rows' block ids (``array('i')`` or lists), each row
+    padded with 0: one copy per row into one buffer."""
     width = max((len(t) for t in tables), default=0) or 1
-    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=device)
+    buf = array("i", bytes(4 * width * len(tables)))
+    for r, t in enumerate(tables):
+        buf[r * width:r * width + len(t)] = t if isinstance(t, array) else array("i", t)
+    out = torch.frombuffer(buf, dtype=torch.int32).view(len(tables), width) if tables else \
+        torch.zeros((0, 1), dtype=torch.int32)
+    return out.to(device) if torch.device(device).type != "cpu" else out
 
 
-def build_step_batch(tokens: list[list[int]], starts: list[int], tables: list[list[int]], block_size: int,
+def build_step_batch(tokens: list[list[int]], starts: list[int], tables, block_size: int,
                      device="cpu") -> StepBatch:
     """The descriptor for rows that bring ``tokens[r]`` at positions ``starts[r] ..``,
-    their blocks in ``tables[r]``. Rows with one token must come first."""
+    their blocks in ``tables[r]``. Rows with one token must come first. One-token rows
+    are placed with a few Python ints each; a prefill chunk with tensor ops (no loop
+    over its tokens)."""
     q_lens = [len(t) for t in tokens]
     b = len(tokens)
-    num_decodes = 0
-    while num_decodes < b and q_lens[num_decodes] == 1:
-        num_decodes += 1
-    if any(n == 1 for n in q_lens[num_decodes:]) or any(n < 1 for n in q_lens):
+    nd = 0
+    while nd < b and q_lens[nd] == 1:
+        nd += 1
+    if any(n == 1 for n in q_lens[nd:]) or any(n < 1 for n in q_lens):
         raise ValueError(f"rows must bring >= 1 token, one-token rows first; got {q_lens}")
-    ids = torch.tensor(list(chain.from_iterable(tokens)), dtype=torch.int64)
-    starts_t = torch.tensor(starts, dtype=torch.int64)
-    query_start = torch.zeros(b + 1, dtype=torch.int64)
-    if num_decodes == b:
-        torch.arange(1, b + 1, out=query_start[1:])
-        positions = starts_t
-        row_of_token = torch.arange(b)
-    else:
-        q_lens_t = torch.tensor(q_lens, dtype=torch.int64)
-        torch.cumsum(q_lens_t, 0, out=query_start[1:])
-        row_of_token = torch.repeat_interleave(torch.arange(b), q_lens_t)
-        positions = torch.arange(ids.shape[0]) - (query_start[:-1] - starts_t)[row_of_token]
-    context = [s + n for s, n in zip(starts, q_lens)]
-    block_tables = block_table_tensor(tables)
-    block_idx = block_tables[row_of_token, positions // block_size].long()
-    block_off = positions % block_size
-    qs = query_start.tolist()
-    prefill_rows = [PrefillRow(qs[r], qs[r + 1], starts[r], context[r],
-                               block_tables[r, :-(-context[r] // block_size)].long().to(device))
-                    for r in range(num_decodes, b)]
+    dec_pos = starts[:nd]
+    dec_blk = [tables[r][p // block_size] for r, p in enumerate(dec_pos)]
+    dec_off = [p % block_size for p in dec_pos]
+    positions = torch.tensor(dec_pos, dtype=torch.int64)
+    block_idx = torch.tensor(dec_blk, dtype=torch.int64)
+    block_off = torch.tensor(dec_off, dtype=torch.int64)
+    query_start = list(range(nd + 1))
+    context = [p + 1 for p in dec_pos]
+    prefill_rows = []
+    if nd < b:
+        pos_parts, blk_parts, off_parts = [positions], [block_idx], [block_off]
+        for r in range(nd, b):
+            start, n = starts[r], q_lens[r]
+            ctx = start + n
+            blocks = torch.tensor(tables[r][:-(-ctx // block_size)], dtype=torch.int64)
+            pos = torch.arange(start, ctx)
+            pos_parts.append(pos)
+            blk_parts.append(blocks[pos // block_size])
+            off_parts.append(pos % block_size)
+            prefill_rows.append(PrefillRow(query_start[-1], query_start[-1] + n, start, ctx, blocks.to(device)))
+            query_start.append(query_start[-1] + n)
+            context.append(ctx)
+        positions, block_idx, block_off = torch.cat(pos_parts), torch.cat(blk_parts), torch.cat(off_parts)
+    ids = torch.tensor(tokens[0] if b == 1 else list(chain.from_iterable(tokens)), dtype=torch.int64)
     dev = torch.device(device)
-    return StepBatch(ids.to(dev), positions.to(dev), query_start.to(dev),
+    return StepBatch(ids.to(dev), positions.to(dev), torch.tensor(query_start, dtype=torch.int64, device=dev),
                      torch.tensor(context, dtype=torch.int32, device=dev),
                      (block_idx * block_size + block_off).to(dev), block_idx.to(dev), block_off.to(dev),
-                     block_tables.to(dev), num_decodes, prefill_rows)
+                     block_table_tensor(tables, dev), nd, prefill_rows)

@@ -68,7 +68,7 @@ def test_preemption_by_recompute_of_the_newest():
     assert bm.num_free_blocks == 1
     run_step(sched)                   # a takes the last block for position 4; b's position 4 needs one: none
     assert [s.request_id for s in sched.running] == ["a"] and list(sched.waiting) == [b]
-    assert b.status is SequenceStatus.WAITING and b.num_computed_tokens == 0 and b.block_table == []
+    assert b.status is SequenceStatus.WAITING and b.num_computed_tokens == 0 and list(b.block_table) == []
     assert sched.num_preemptions == 1 and b.num_preemptions == 1
     assert b.output_ids == [7]        # what it generated is kept and recomputed with the prompt
     sched.add(seq(1, "late"))         # arrives after b: b goes first when there is room
