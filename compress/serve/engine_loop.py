@@ -20,12 +20,15 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from compress.serve.logprobs import TokenLogprob, from_engine, prompt_logprobs
 
 log = logging.getLogger(__name__)
+
+RATE_WINDOW_S = 10.0     # the generation rate /metrics reports is over this many seconds
 
 
 @dataclass
@@ -87,7 +90,7 @@ class EngineLoop:
         self.error: BaseException | None = None
         self.generated_tokens = 0          # since start, every request
         self.steps = 0
-        self._recent: list[tuple[float, int]] = []   # (time, tokens) of recent steps: tokens/s
+        self._recent: deque[tuple[float, int]] = deque()   # (time, tokens) of the last RATE_WINDOW_S
         self.stats: dict = {}
         self._publish()
 
@@ -115,10 +118,10 @@ class EngineLoop:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
-    def tokens_per_second(self, window_s: float = 10.0) -> float:
+    def tokens_per_second(self) -> float:
+        """Tokens generated per second over the last ``RATE_WINDOW_S`` seconds."""
         now = time.monotonic()
-        recent = [(t, n) for t, n in list(self._recent) if now - t <= window_s]
-        return sum(n for _, n in recent) / window_s if recent else 0.0
+        return sum(n for t, n in list(self._recent) if now - t <= RATE_WINDOW_S) / RATE_WINDOW_S
 
     # ------------------------------------------------------------- engine thread
     def _run(self) -> None:
@@ -204,8 +207,8 @@ class EngineLoop:
         self.steps += 1
         now = time.monotonic()
         self._recent.append((now, new_tokens))
-        while self._recent and now - self._recent[0][0] > 60.0:
-            self._recent.pop(0)
+        while self._recent and now - self._recent[0][0] > RATE_WINDOW_S:
+            self._recent.popleft()
 
     def _fail_all(self, message: str, status: int) -> None:
         for rid, live in list(self._live.items()):

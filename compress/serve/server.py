@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 def make_app(llm, config: ServeConfig):
     """``(asgi_app, state)`` over ``llm`` with a started engine thread; the thread stops at
     the end of the application's lifespan."""
+    running = getattr(getattr(llm.engine, "scheduler", None), "max_num_seqs", None)
+    if running:                      # the queue bound counts beyond what the engine really runs
+        config.max_num_seqs = int(running)
     engine_loop = EngineLoop(llm).start()
     state = ServerState(config, llm, engine_loop)
     return build_app(state, on_shutdown=engine_loop.stop), state

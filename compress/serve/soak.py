@@ -11,7 +11,11 @@ connection with a TCP reset), waits after each quarter until the server reports 
 flight, and reads the server's RSS (``/proc/PID/status``) and ``/metrics`` there. It prints
 one JSON report: RSS after each quarter, KV blocks used, requests that failed, and the RSS
 growth from the first quarter's end to the last (the first quarter warms the allocator
-and caches up). Everything is bounded: request count, a per-request timeout and a
+and caches up). The server gets a small KV pool (``--kv-cache-tokens``, default 1024): the
+pool is anonymous memory committed as blocks are first written, so with a large one a
+later burst that reaches blocks never used before adds RSS (12 new 2 MiB pages, one per
+layer for keys and values, on the embedded model) that is the pool filling in, not a leak;
+a small pool is all touched in the first quarter. Everything is bounded: request count, a per-request timeout and a
 deadline for the whole run. Traffic goes to 127.0.0.1 only.
 """
 from __future__ import annotations
@@ -173,10 +177,14 @@ async def wait_healthy(port: int, proc: subprocess.Popen, timeout: float) -> Non
 
 
 def soak(path: str, requests: int = 1000, concurrency: int = 8, kill_every: int = 7, max_tokens: int = 24,
-         seed: int = 0, deadline_s: float = 1800.0, server_args: list[str] | None = None) -> dict:
+         seed: int = 0, deadline_s: float = 1800.0, server_args: list[str] | None = None,
+         kv_cache_tokens: int | None = 1024) -> dict:
     port = free_port()
+    server_args = list(server_args or [])
+    if kv_cache_tokens:
+        server_args += ["--kv-cache-tokens", str(kv_cache_tokens)]
     with tempfile.TemporaryFile() as log:
-        proc = start_server(path, port, server_args or [], log)
+        proc = start_server(path, port, server_args, log)
         try:
             asyncio.run(wait_healthy(port, proc, 120))
             report = asyncio.run(run_soak(port, proc.pid, requests, concurrency, kill_every, max_tokens, seed,
@@ -210,12 +218,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deadline", type=float, default=1800.0, help="seconds for the whole soak")
+    p.add_argument("--kv-cache-tokens", type=int, default=1024,
+                   help="the server's KV pool (small: all of it is committed in the first quarter); 0: its default")
     p.add_argument("--json", help="also write the report here")
     p.add_argument("server_args", nargs=argparse.REMAINDER, help="after --: options of compress serve")
     args = p.parse_args(argv)
     extra = [a for a in args.server_args if a != "--"]
     report = soak(args.path, args.requests, args.concurrency, args.kill_every, args.max_tokens, args.seed,
-                  args.deadline, extra)
+                  args.deadline, extra, args.kv_cache_tokens or None)
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:
