@@ -286,8 +286,7 @@ void attend_f32_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 
 namespace {
 
-// The op's body on the first B = q.size(0) rows and S slots of k / v [>= B, Hkv, >= S, D]:
-// decode_attention passes its whole k / v, decode_layer its cache layer without slicing it.
+// The op's body on the first B = q.size(0) rows and S slots of k / v [>= B, Hkv, >= S, D].
 void attention_run(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t S,
                    const c10::optional<at::Tensor>& mask, at::Tensor& out) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4, op, ": q must be [B, Hq, D] and k, v ",
@@ -334,11 +333,6 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   at::Tensor out = at::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
   attention_run("decode_attention", q, k, v, k.size(2), mask, out);
   return out;
-}
-
-void decode_attention_into(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, int64_t S,
-                           const c10::optional<at::Tensor>& mask, at::Tensor& out) {
-  attention_run("decode_attention", q, k_cache, v_cache, S, mask, out);
 }
 
 }  // namespace compress_cpu

@@ -1,6 +1,6 @@
 // C++ entry points of the compress CPU ops, for kernels that call other ops directly
-// (compress::decode_layer runs a whole decoder layer without a dispatcher round trip
-// per op). Each is the function registered for that op in its own file.
+// (the DecodePlan runs whole decoder layers without a dispatcher round trip per op).
+// Each is the function registered for that op in its own file.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -24,10 +24,19 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
                                                 const at::Tensor& weight, double eps);
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const c10::optional<at::Tensor>& mask);
-// decode_attention on the first q.size(0) rows and S slots of a cache layer
-// k / v [rows, Hkv, slots, D] (no slicing views), into out [B, Hq * D] of q's dtype.
-void decode_attention_into(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, int64_t S,
-                           const c10::optional<at::Tensor>& mask, at::Tensor& out);
+// compress::paged_decode_attention (paged_attention.cpp) and its parts: the checks of the
+// pools and of the tables / lengths (errors name `op`), and the body on already checked
+// arguments (tables int32 [B, M] and lens int32 [B] as raw arrays) writing into out, a
+// contiguous tensor of q's sizes and dtype (q contiguous too).
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t window);
+void check_paged_pools(const char* op, const at::Tensor& k_pool, const at::Tensor& v_pool, int64_t n_kv_heads,
+                       int64_t head_dim);
+void check_paged_tables(const char* op, const int32_t* tables, int64_t B, int64_t M, const int32_t* lens,
+                        int64_t block_size, int64_t num_blocks, int64_t window);
+void paged_decode_attention_into(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                                 const int32_t* tables, int64_t M, const int32_t* lens, int64_t window,
+                                 at::Tensor& out);
 // compress::argmax_rows's answer for one float32 row of n > 0 values.
 int64_t argmax_row_f32(const float* x, int64_t n);
 
@@ -48,7 +57,7 @@ void rms_norm_into(const at::Tensor& x, const at::Tensor& weight, double eps, at
 void add_rms_norm_into(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps,
                        at::Tensor& y, at::Tensor& sum);
 
-// One of a decoder layer's four linears as decode_layer runs it (decode_layer.cpp).
+// One of a decoder layer's four linears as the DecodePlan runs it (decode_layer.cpp).
 struct DecodeLinear {
   std::string scheme;  // w4a16_prepared, w4a8_prepared, w8a8_prepared, llm_int8_prepared,
                        // llm_int8_guarded_prepared or dense
@@ -63,14 +72,28 @@ void check_decode_linear(const DecodeLinear& l, const char* where);
 // y = x W^T (+ bias) for one linear, in x's dtype. With `out` (float32 [M, N],
 // contiguous) and float32 x, the int4 / int8 schemes write into it and return it.
 at::Tensor run_decode_linear(const DecodeLinear& l, const at::Tensor& x, at::Tensor* out = nullptr);
-// Checks and splits decode_layer's linear arguments (pointing into `weights`).
+// Checks and splits a layer's linear arguments (qkv, o, gate_up, down; pointing into `weights`).
 std::vector<DecodeLinear> decode_linears(const std::vector<std::string>& schemes, const std::vector<int64_t>& group_sizes,
                                          const std::vector<at::Tensor>& weights,
                                          const std::vector<c10::optional<at::Tensor>>& biases);
-// compress::decode_layer's body on already split linears; the caches are written in place.
+
+// The rows of one decode step on the paged cache: row b's new token is at position
+// positions[b], its block table is tables[b * M .. b * M + M), and it attends to
+// lens[b] = positions[b] + 1 keys (checked by the caller against every pool it uses).
+struct PagedRows {
+  int64_t B = 0, M = 0;
+  const int64_t* positions = nullptr;
+  const int32_t* tables = nullptr;
+  const int32_t* lens = nullptr;
+};
+// One decoder layer for a decode step: x [B, hidden] (the residual stream) -> the
+// layer's output. cos / sin [B, head_dim] are the rows' rope rows; the new k / v go
+// into this layer's pools k_pool / v_pool [NB, n_kv_heads, BS, head_dim] at each row's
+// position, then paged attention over positions 0 .. positions[b] (the last `window`
+// of them; 0 = all).
 at::Tensor decode_layer_run(const at::Tensor& x, const at::Tensor& attn_norm_weight, const at::Tensor& mlp_norm_weight,
                             double eps, const std::vector<DecodeLinear>& lin, const at::Tensor& cos,
-                            const at::Tensor& sin, const at::Tensor& k_cache, const at::Tensor& v_cache, int64_t pos,
-                            const c10::optional<at::Tensor>& mask, int64_t n_heads, int64_t n_kv_heads);
+                            const at::Tensor& sin, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                            const PagedRows& rows, int64_t window, int64_t n_heads, int64_t n_kv_heads);
 
 }  // namespace compress_cpu

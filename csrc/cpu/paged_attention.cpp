@@ -1,0 +1,447 @@
+// compress::paged_decode_attention on CPU: one query per row over a paged KV cache.
+// Reference: compress/ops/reference.py::paged_decode_attention.
+//
+//   q [B, Hq, D]; k_pool, v_pool [NB, Hkv, BS, D]; block_tables int32 [B, M];
+//   context_lens int32 [B]; window (0 = full attention)
+//   row r attends to its positions first..n-1 (n = context_lens[r], first = n - window
+//   when 0 < window < n, else 0); position p is slot p % BS of block block_tables[r][p / BS].
+//   Out [B, Hq, D] in q's dtype; GQA (query head h reads kv head h / (Hq / Hkv)).
+//
+// Work items are (row, kv head) pairs handed out from one counter (parallel_grabs), so a
+// batch whose rows have very different lengths still balances over the threads. Within an
+// item the q heads of the group run back to back, so the kv head's K and V rows come from
+// DRAM once (the first pass streams them, the others find them in cache).
+//
+// A row's keys are "runs": the part of each of its blocks it reads, rows contiguous in
+// the pool (stride = the pool's slot stride). The vector path (AVX2 + FMA, D % 8 == 0)
+// reads float32 runs in place and widens float16 / bfloat16 ones once per item into a
+// thread buffer (then every q head of the group reads fp32). While it reads run r it
+// prefetches run r + 1 row by row: the blocks are scattered, so the next one is never
+// the hardware prefetcher's guess. Scores, softmax and the output sums are fp32 for every
+// dtype; the output is rounded to q's dtype once at the end. Other shapes and the scalar
+// ISA take a plain loop with the same arithmetic order per key.
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "cpu/kernel_common.h"
+#include "cpu/ops.h"
+
+namespace compress_cpu {
+namespace {
+
+// Sizes and strides of one call; the tables and lengths were validated by the caller.
+struct Paged {
+  int64_t B, Hq, Hkv, D, BS, group, window;
+  int64_t ks0, ks1, ks2, vs0, vs1, vs2;  // pool strides: block, kv head, slot
+  const int32_t* tables;
+  int64_t M;  // table columns
+  const int32_t* lens;
+  float scale;
+
+  // first position row b attends to, and how many
+  void span(int64_t b, int64_t* first, int64_t* count) const {
+    const int64_t n = lens[b];
+    *first = window > 0 && n > window ? n - window : 0;
+    *count = n - *first;
+  }
+};
+
+Paged describe_call(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool, const int32_t* tables,
+                    int64_t M, const int32_t* lens, int64_t window) {
+  Paged a{};
+  a.B = q.size(0), a.Hq = q.size(1), a.D = q.size(2), a.Hkv = k_pool.size(1), a.BS = k_pool.size(2);
+  a.group = a.Hq / a.Hkv, a.window = window;
+  a.ks0 = k_pool.stride(0), a.ks1 = k_pool.stride(1), a.ks2 = k_pool.stride(2);
+  a.vs0 = v_pool.stride(0), a.vs1 = v_pool.stride(1), a.vs2 = v_pool.stride(2);
+  a.tables = tables, a.M = M, a.lens = lens;
+  a.scale = 1.f / std::sqrt(static_cast<float>(a.D));
+  return a;
+}
+
+template <typename T>
+inline float to_f32(T v) {
+  return static_cast<float>(v);
+}
+
+// ---- generic path: any D, any ISA ------------------------------------------------------
+template <typename T, typename TKV>
+void paged_generic(const Paged& a, const T* q, const TKV* k, const TKV* v, T* out) {
+  const int64_t D = a.D;
+  parallel_grabs(a.B * a.Hq, 1, [&](const auto& take) {
+    std::vector<float> scores, qf(D), acc(D);
+    int64_t begin, end;
+    while (take(begin, end)) {
+      const int64_t b = begin / a.Hq, h = begin % a.Hq, hk = h / a.group;
+      int64_t first, S;
+      a.span(b, &first, &S);
+      scores.resize(S);
+      const T* qrow = q + (b * a.Hq + h) * D;
+      for (int64_t d = 0; d < D; ++d) qf[d] = to_f32(qrow[d]) * a.scale;
+      const int32_t* table = a.tables + b * a.M;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t s = 0; s < S; ++s) {
+        const int64_t p = first + s;
+        const TKV* krow = k + table[p / a.BS] * a.ks0 + hk * a.ks1 + (p % a.BS) * a.ks2;
+        float dot = 0.f;
+        for (int64_t d = 0; d < D; ++d) dot += qf[d] * to_f32(krow[d]);
+        scores[s] = dot;
+        mx = std::max(mx, dot);
+      }
+      float denom = 0.f;
+      for (int64_t s = 0; s < S; ++s) denom += (scores[s] = std::exp(scores[s] - mx));
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t s = 0; s < S; ++s) {
+        const int64_t p = first + s;
+        const TKV* vrow = v + table[p / a.BS] * a.vs0 + hk * a.vs1 + (p % a.BS) * a.vs2;
+        for (int64_t d = 0; d < D; ++d) acc[d] += scores[s] * to_f32(vrow[d]);
+      }
+      T* orow = out + (b * a.Hq + h) * D;
+      const float inv = 1.f / denom;
+      for (int64_t d = 0; d < D; ++d) orow[d] = static_cast<T>(acc[d] * inv);
+    }
+  });
+}
+
+// ---- vector path: AVX2 + FMA, D % 8 == 0 -----------------------------------------------
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+// Rows of one item's keys or values in float32: `rows` rows from `p`, `stride` apart.
+struct Run {
+  const float* p;
+  int64_t rows;
+};
+
+inline void prefetch_row(const float* p, int64_t D) {
+  for (int64_t d = 0; d < D; d += 16) _mm_prefetch(reinterpret_cast<const char*>(p + d), _MM_HINT_T0);
+}
+
+// Prefetches of the next run while the current one is read: row i of `next` when row i
+// of the current run is read, and the rest of `next` once the current run ends.
+struct NextRun {
+  const float* p = nullptr;
+  int64_t rows = 0, stride = 0, D = 0;
+  void row(int64_t i) const {
+    if (i < rows) prefetch_row(p + i * stride, D);
+  }
+  void rest(int64_t from) const {
+    for (int64_t i = from; i < rows; ++i) prefetch_row(p + i * stride, D);
+  }
+};
+
+// Eight widened floats from eight 16-bit values (float16 or bfloat16).
+inline __m256 load8_f32(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256 load8_f32(const c10::BFloat16* p) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+inline __m256 load8_f32(const float* p) { return _mm256_loadu_ps(p); }
+
+// Scores of one or two q heads (TWO) against one run: four keys at a time, one
+// accumulator per (head, key), reduced together (hsum4x256_ps).
+template <bool TWO>
+inline void qk_run(const float* qa, const float* qb, const Run& run, int64_t ks, int64_t D, const NextRun* next,
+                   float* sa, float* sb) {
+  const float* k = run.p;
+  const int64_t S = run.rows;
+  int64_t s = 0;
+  for (; s + 4 <= S; s += 4) {
+    if (next)
+      for (int r = 0; r < 4; ++r) next->row(s + r);
+    const float* k0 = k + s * ks;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (int64_t d = 0; d < D; d += 8) {
+      const __m256 x0 = _mm256_loadu_ps(k0 + d), x1 = _mm256_loadu_ps(k0 + ks + d);
+      const __m256 x2 = _mm256_loadu_ps(k0 + 2 * ks + d), x3 = _mm256_loadu_ps(k0 + 3 * ks + d);
+      const __m256 qv = _mm256_loadu_ps(qa + d);
+      a0 = _mm256_fmadd_ps(qv, x0, a0), a1 = _mm256_fmadd_ps(qv, x1, a1);
+      a2 = _mm256_fmadd_ps(qv, x2, a2), a3 = _mm256_fmadd_ps(qv, x3, a3);
+      if constexpr (TWO) {
+        const __m256 qw = _mm256_loadu_ps(qb + d);
+        b0 = _mm256_fmadd_ps(qw, x0, b0), b1 = _mm256_fmadd_ps(qw, x1, b1);
+        b2 = _mm256_fmadd_ps(qw, x2, b2), b3 = _mm256_fmadd_ps(qw, x3, b3);
+      }
+    }
+    _mm_storeu_ps(sa + s, hsum4x256_ps(a0, a1, a2, a3));
+    if constexpr (TWO) _mm_storeu_ps(sb + s, hsum4x256_ps(b0, b1, b2, b3));
+  }
+  for (; s < S; ++s) {
+    if (next) next->row(s);
+    __m256 ca = _mm256_setzero_ps(), cb = ca;
+    for (int64_t d = 0; d < D; d += 8) {
+      const __m256 x = _mm256_loadu_ps(k + s * ks + d);
+      ca = _mm256_fmadd_ps(_mm256_loadu_ps(qa + d), x, ca);
+      if constexpr (TWO) cb = _mm256_fmadd_ps(_mm256_loadu_ps(qb + d), x, cb);
+    }
+    sa[s] = hsum256_ps(ca);
+    if constexpr (TWO) sb[s] = hsum256_ps(cb);
+  }
+  if (next) next->rest(S);
+}
+
+// out[d0 .. d0 + 8 NV) = sum_s p[s] v[s][d0 ..] over every run, for one or two heads
+// (TWO), the NV (x 2) accumulators in registers throughout. `stream`: prefetch each next
+// run (the first pass over rows in the pool).
+template <int NV, bool TWO>
+inline void pv_block(const float* pa, const float* pb, const Run* runs, int64_t n_runs, int64_t vs, int64_t D,
+                     int64_t d0, bool stream, float* oa, float* ob) {
+  __m256 acc_a[NV], acc_b[NV];
+  for (int j = 0; j < NV; ++j) acc_a[j] = acc_b[j] = _mm256_setzero_ps();
+  int64_t s0 = 0;
+  for (int64_t r = 0; r < n_runs; ++r) {
+    const Run& run = runs[r];
+    NextRun next;
+    if (stream && r + 1 < n_runs) next = NextRun{runs[r + 1].p, runs[r + 1].rows, vs, D};
+    for (int64_t i = 0; i < run.rows; ++i) {
+      next.row(i);
+      const float* row = run.p + i * vs + d0;
+      const __m256 wa = _mm256_broadcast_ss(pa + s0 + i);
+      const __m256 wb = TWO ? _mm256_broadcast_ss(pb + s0 + i) : wa;
+      for (int j = 0; j < NV; ++j) {
+        const __m256 x = _mm256_loadu_ps(row + 8 * j);
+        acc_a[j] = _mm256_fmadd_ps(wa, x, acc_a[j]);
+        if constexpr (TWO) acc_b[j] = _mm256_fmadd_ps(wb, x, acc_b[j]);
+      }
+    }
+    next.rest(run.rows);
+    s0 += run.rows;
+  }
+  for (int j = 0; j < NV; ++j) {
+    _mm256_storeu_ps(oa + d0 + 8 * j, acc_a[j]);
+    if constexpr (TWO) _mm256_storeu_ps(ob + d0 + 8 * j, acc_b[j]);
+  }
+}
+
+template <bool TWO>
+inline void pv_runs(const float* pa, const float* pb, const Run* runs, int64_t n_runs, int64_t vs, int64_t D,
+                    bool stream, float* oa, float* ob) {
+  // blocks of 8 accumulators: 64 output floats for one head, 32 each for two; a block
+  // after the first reads V rows the first one brought into cache
+  constexpr int64_t kMax = TWO ? 4 : 8;
+  for (int64_t d0 = 0; d0 < D; d0 += 8 * kMax) {
+    const bool st = stream && d0 == 0;
+    switch (std::min<int64_t>(kMax, (D - d0) / 8)) {
+      case 8: pv_block<8, TWO>(pa, pb, runs, n_runs, vs, D, d0, st, oa, ob); break;
+      case 7: pv_block<7, TWO>(pa, pb, runs, n_runs, vs, D, d0, st, oa, ob); break;
+      case 6: pv_block<6, TWO>(pa, pb, runs, n_runs, vs, D, d0, st, oa, ob); break;
+      case 5: pv_block<5, TWO>(pa, pb, runs, n_runs, vs, D, d0, st, oa, ob); break;
+      case 4: pv_block<4, TWO>(pa, pb, runs, n_runs, vs, D, d0, st, oa, ob); break;
+      case 3: pv_block<3, TWO>(pa, pb, runs, n_runs, vs, D, d0, st, oa, ob); break;
+      case 2: pv_block<2, TWO>(pa, pb, runs, n_runs, vs, D, d0, st, oa, ob); break;
+      default: pv_block<1, TWO>(pa, pb, runs, n_runs, vs, D, d0, st, oa, ob); break;
+    }
+  }
+}
+
+// The runs of row b's kv head hk in one pool (keys: strides s0, s1, s2), positions
+// first .. first + S - 1. A float32 pool's runs point into it; a float16 / bfloat16
+// pool's rows are widened into `buf` (prefetching the next block as each one is read),
+// which is then one run of stride D. Returns the run stride.
+template <typename TKV>
+int64_t item_runs(const Paged& a, const TKV* pool, int64_t s0, int64_t s1, int64_t s2, int64_t b, int64_t hk,
+                  int64_t first, int64_t S, std::vector<Run>& runs, std::vector<float>& buf) {
+  const int32_t* table = a.tables + b * a.M;
+  const int64_t D = a.D;
+  runs.clear();
+  if constexpr (std::is_same_v<TKV, float>) {
+    for (int64_t p = first; p < first + S;) {
+      const int64_t off = p % a.BS, n = std::min(a.BS - off, first + S - p);
+      runs.push_back(Run{pool + table[p / a.BS] * s0 + hk * s1 + off * s2, n});
+      p += n;
+    }
+    return s2;
+  } else {
+    buf.resize(S * D);
+    float* dst = buf.data();
+    for (int64_t p = first; p < first + S;) {
+      const int64_t off = p % a.BS, n = std::min(a.BS - off, first + S - p);
+      const TKV* src = pool + table[p / a.BS] * s0 + hk * s1 + off * s2;
+      const int64_t pn = p + n;
+      const TKV* nsrc = pn < first + S ? pool + table[pn / a.BS] * s0 + hk * s1 : nullptr;
+      const int64_t nrows = nsrc ? std::min(a.BS, first + S - pn) : 0;
+      for (int64_t i = 0; i < n; ++i) {
+        if (i < nrows)
+          for (int64_t d = 0; d < D; d += 32)
+            _mm_prefetch(reinterpret_cast<const char*>(nsrc + i * s2 + d), _MM_HINT_T0);
+        for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, load8_f32(src + i * s2 + d));
+        dst += D;
+      }
+      p = pn;
+    }
+    runs.push_back(Run{buf.data(), S});
+    return D;
+  }
+}
+
+// softmax in place over S scores (vector exp of kernel_common.h)
+inline void softmax_row(float* sc, int64_t S) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t s = 0; s < S; ++s) mx = std::max(mx, sc[s]);
+  const __m256 mxv = _mm256_set1_ps(mx);
+  __m256 sum8 = _mm256_setzero_ps();
+  int64_t s = 0;
+  for (; s + 8 <= S; s += 8) {
+    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(sc + s), mxv));
+    _mm256_storeu_ps(sc + s, e);
+    sum8 = _mm256_add_ps(sum8, e);
+  }
+  float denom = hsum256_ps(sum8);
+  for (; s < S; ++s) denom += (sc[s] = std::exp(sc[s] - mx));
+  const float inv = 1.f / denom;
+  for (s = 0; s < S; ++s) sc[s] *= inv;
+}
+
+template <typename T, typename TKV>
+void paged_avx2(const Paged& a, const T* q, const TKV* k, const TKV* v, T* out) {
+  const int64_t D = a.D, group = a.group;
+  constexpr bool kInPlace = std::is_same_v<TKV, float>;  // else widened copies, already in cache
+  parallel_grabs(a.B * a.Hkv, 1, [&](const auto& take) {
+    // reused by this thread from call to call (a decode step makes one call a layer)
+    thread_local std::vector<float> qf, scores, kbuf, vbuf, obuf;
+    thread_local std::vector<Run> kruns, vruns;
+    if (qf.size() < static_cast<size_t>(group * D)) qf.resize(group * D), obuf.resize(group * D);
+    int64_t begin, end;
+    while (take(begin, end)) {
+      const int64_t b = begin / a.Hkv, hk = begin % a.Hkv;
+      int64_t first, S;
+      a.span(b, &first, &S);
+      if (scores.size() < static_cast<size_t>(group * S)) scores.resize(group * S);
+      const int64_t ks = item_runs(a, k, a.ks0, a.ks1, a.ks2, b, hk, first, S, kruns, kbuf);
+      for (int64_t g = 0; g < group; ++g) {
+        const T* qrow = q + (b * a.Hq + hk * group + g) * D;
+        for (int64_t d = 0; d < D; ++d) qf[g * D + d] = to_f32(qrow[d]) * a.scale;
+      }
+      float* sc = scores.data();
+      const int64_t nk = static_cast<int64_t>(kruns.size());
+      for (int64_t g = 0; g < group; g += 2) {  // heads in pairs: each pass reads K once for two
+        const bool two = g + 1 < group, stream = kInPlace && g == 0;
+        if (stream) {
+          const int64_t n0 = std::min<int64_t>(kruns[0].rows, 8);
+          for (int64_t i = 0; i < n0; ++i) prefetch_row(kruns[0].p + i * ks, D);
+        }
+        int64_t s0 = 0;
+        for (int64_t r = 0; r < nk; ++r) {
+          NextRun next;
+          if (stream && r + 1 < nk) next = NextRun{kruns[r + 1].p, kruns[r + 1].rows, ks, D};
+          const NextRun* np = stream && r + 1 < nk ? &next : nullptr;
+          float* sa = sc + g * S + s0;
+          if (two) qk_run<true>(&qf[g * D], &qf[(g + 1) * D], kruns[r], ks, D, np, sa, sa + S);
+          else qk_run<false>(&qf[g * D], nullptr, kruns[r], ks, D, np, sa, nullptr);
+          s0 += kruns[r].rows;
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) softmax_row(sc + g * S, S);
+      const int64_t vs = item_runs(a, v, a.vs0, a.vs1, a.vs2, b, hk, first, S, vruns, vbuf);
+      const int64_t nv = static_cast<int64_t>(vruns.size());
+      T* orow = out + (b * a.Hq + hk * group) * D;
+      float* dst = std::is_same_v<T, float> ? reinterpret_cast<float*>(orow) : obuf.data();
+      for (int64_t g = 0; g < group; g += 2) {
+        const float* p = sc + g * S;
+        const bool stream = kInPlace && g == 0;
+        if (g + 1 < group) pv_runs<true>(p, p + S, vruns.data(), nv, vs, D, stream, dst + g * D, dst + (g + 1) * D);
+        else pv_runs<false>(p, nullptr, vruns.data(), nv, vs, D, stream, dst + g * D, nullptr);
+      }
+      if constexpr (!std::is_same_v<T, float>)
+        for (int64_t i = 0; i < group * D; ++i) orow[i] = static_cast<T>(obuf[i]);
+    }
+  });
+}
+#pragma GCC pop_options
+
+template <typename T, typename TKV>
+void paged_dispatch_kv(const Paged& a, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out) {
+  const T* qp = q.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  const TKV *kp = k.data_ptr<TKV>(), *vp = v.data_ptr<TKV>();
+  if (a.D % 8 == 0 && active_isa() != Isa::Scalar) paged_avx2<T, TKV>(a, qp, kp, vp, op);
+  else paged_generic<T, TKV>(a, qp, kp, vp, op);
+}
+
+template <typename T>
+void paged_dispatch(const Paged& a, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out) {
+  switch (k.scalar_type()) {
+    case at::kFloat: paged_dispatch_kv<T, float>(a, q, k, v, out); break;
+    case at::kBFloat16: paged_dispatch_kv<T, c10::BFloat16>(a, q, k, v, out); break;
+    default: paged_dispatch_kv<T, c10::Half>(a, q, k, v, out); break;
+  }
+}
+
+bool is_float_type(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
+
+}  // namespace
+
+void check_paged_pools(const char* op, const at::Tensor& k_pool, const at::Tensor& v_pool, int64_t n_kv_heads,
+                       int64_t head_dim) {
+  TORCH_CHECK(k_pool.dim() == 4 && k_pool.sizes() == v_pool.sizes() && k_pool.size(1) == n_kv_heads &&
+                  k_pool.size(3) == head_dim && k_pool.size(2) > 0,
+              op, ": k_pool and v_pool must both be [num_blocks, n_kv_heads, block_size, head_dim] = [NB, ", n_kv_heads,
+              ", BS, ", head_dim, "], got k_pool ", k_pool.sizes(), ", v_pool ", v_pool.sizes());
+  TORCH_CHECK(k_pool.scalar_type() == v_pool.scalar_type() && is_float_type(k_pool.scalar_type()), op,
+              ": k_pool and v_pool must have one dtype, float32, bfloat16 or float16; got ", k_pool.scalar_type(),
+              " and ", v_pool.scalar_type());
+  TORCH_CHECK(k_pool.stride(3) == 1 && v_pool.stride(3) == 1 && k_pool.device().is_cpu() && v_pool.device().is_cpu(),
+              op, ": k_pool and v_pool must be CPU tensors with a contiguous last dim");
+}
+
+void check_paged_tables(const char* op, const int32_t* tables, int64_t B, int64_t M, const int32_t* lens,
+                        int64_t block_size, int64_t num_blocks, int64_t window) {
+  TORCH_CHECK(window >= 0, op, ": window must be >= 0 (0 = full attention), got ", window);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = lens[b];
+    TORCH_CHECK(n >= 1 && n <= M * block_size, op, ": context_lens[", b, "] = ", n, " is outside 1..", M * block_size,
+                " (M = ", M, " table columns x block_size ", block_size, ")");
+    const int64_t first = window > 0 && n > window ? n - window : 0;
+    for (int64_t j = first / block_size; j <= (n - 1) / block_size; ++j) {
+      const int64_t blk = tables[b * M + j];
+      TORCH_CHECK(blk >= 0 && blk < num_blocks, op, ": block table entry [", b, ", ", j, "] = ", blk,
+                  " is in use but outside the pool's blocks 0..", num_blocks - 1);
+    }
+  }
+}
+
+void paged_decode_attention_into(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                                 const int32_t* tables, int64_t M, const int32_t* lens, int64_t window,
+                                 at::Tensor& out) {
+  const Paged a = describe_call(q, k_pool, v_pool, tables, M, lens, window);
+  if (a.B == 0) return;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode_attention",
+                                  [&] { paged_dispatch<scalar_t>(a, q, k_pool, v_pool, out); });
+}
+
+at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t window) {
+  constexpr const char* op = "paged_decode_attention";
+  TORCH_CHECK(q_in.dim() == 3 && is_float_type(q_in.scalar_type()), op,
+              ": q must be [B, Hq, head_dim] float32, bfloat16 or float16, got ", q_in.sizes(), " ",
+              q_in.scalar_type());
+  const int64_t B = q_in.size(0), Hq = q_in.size(1), D = q_in.size(2);
+  TORCH_CHECK(k_pool.dim() == 4 && k_pool.size(1) > 0 && Hq % k_pool.size(1) == 0 && k_pool.size(3) == D, op,
+              ": q ", q_in.sizes(), " does not fit k_pool ", k_pool.sizes(), " (head_dim, or Hq % Hkv)");
+  check_paged_pools(op, k_pool, v_pool, k_pool.size(1), D);
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == B && block_tables.scalar_type() == at::kInt, op,
+              ": block_tables must be int32 [B, M] with B = ", B, ", got ", block_tables.scalar_type(), " ",
+              block_tables.sizes());
+  TORCH_CHECK(context_lens.dim() == 1 && context_lens.size(0) == B && context_lens.scalar_type() == at::kInt, op,
+              ": context_lens must be int32 [B] with B = ", B, ", got ", context_lens.scalar_type(), " ",
+              context_lens.sizes());
+  const at::Tensor q = q_in.contiguous(), tables = block_tables.contiguous(), lens = context_lens.contiguous();
+  const int64_t M = tables.size(1);
+  check_paged_tables(op, tables.data_ptr<int32_t>(), B, M, lens.data_ptr<int32_t>(), k_pool.size(2), k_pool.size(0),
+                     window);
+  at::Tensor out = at::empty_like(q);
+  paged_decode_attention_into(q, k_pool, v_pool, tables.data_ptr<int32_t>(), M, lens.data_ptr<int32_t>(), window,
+                              out);
+  return out;
+}
+
+}  // namespace compress_cpu
+
+TORCH_LIBRARY_IMPL(compress, CPU, m) { m.impl("paged_decode_attention", &compress_cpu::paged_decode_attention); }
