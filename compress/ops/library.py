@@ -40,11 +40,6 @@ SCHEMAS = {
                                "Tensor context_lens, int window) -> Tensor"),
     # the sampler's greedy pick (torch.argmax over a vocabulary row is ~10x a max reduction)
     "argmax_rows": "argmax_rows(Tensor x) -> Tensor",
-    # a whole decoder layer for one decode step (reference.decode_layer documents it)
-    "decode_layer": ("decode_layer(Tensor x, Tensor attn_norm_weight, Tensor mlp_norm_weight, float eps, "
-                     "str[] schemes, int[] group_sizes, Tensor[] weights, Tensor?[] biases, Tensor cos, "
-                     "Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, int pos, Tensor? mask, "
-                     "int n_heads, int n_kv_heads) -> Tensor"),
     # helper for the benchmarks: a pure streaming read (DRAM bandwidth probe)
     "stream_read_sum": "stream_read_sum(Tensor buf) -> Tensor",
 }
@@ -64,7 +59,6 @@ REFERENCES = {
     "decode_attention": reference.decode_attention,
     "paged_decode_attention": reference.paged_decode_attention,
     "argmax_rows": reference.argmax_rows,
-    "decode_layer": reference.decode_layer,
     "stream_read_sum": reference.stream_read_sum,
 }
 
@@ -98,10 +92,6 @@ def _fake_argmax_rows(x):
     return x.new_empty(x.shape[:-1], dtype=torch.int64)
 
 
-def _fake_decode_layer(x, *args):
-    return torch.empty_like(x)
-
-
 def _fake_stream_read_sum(buf):
     return buf.new_empty((), dtype=torch.int64)
 
@@ -121,7 +111,6 @@ FAKES = {
     "decode_attention": _fake_decode_attention,
     "paged_decode_attention": _fake_paged_decode_attention,
     "argmax_rows": _fake_argmax_rows,
-    "decode_layer": _fake_decode_layer,
     "stream_read_sum": _fake_stream_read_sum,
 }
 

@@ -407,64 +407,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-# the forms of a linear compress::decode_layer takes (the runtime's load-time ones) and
-# how many tensors each brings
+# the forms of a linear the native decode step (compress._C.DecodePlan, csrc/cpu/decode_layer.cpp)
+# takes, as the runtime's layers name them in decode_spec(), and how many tensors each brings
 # (llm_int8_guarded_prepared: the fifth is the spike guard's threshold, a 0-dim fp32 tensor)
 DECODE_LAYER_TENSORS = {"w4a16_prepared": 3, "w4a8_prepared": 3, "w8a8_prepared": 2, "llm_int8_prepared": 4,
                         "llm_int8_guarded_prepared": 5, "dense": 1}
-
-
-def _decode_layer_linear(scheme: str, group_size: int, w: list[torch.Tensor], bias, x: torch.Tensor) -> torch.Tensor:
-    if scheme == "w4a16_prepared":
-        y = w4a16_gemm_prepared(x, w[0], w[1], w[2], group_size)
-    elif scheme == "w4a8_prepared":
-        y = w4a8_gemm_prepared(x, w[0], w[1], w[2], group_size)
-    elif scheme == "w8a8_prepared":
-        y = w8a8_gemm_prepared(x, w[0], w[1])
-    elif scheme == "llm_int8_prepared":
-        y = w8a8_outlier_gemm_prepared(x, w[0], w[1], w[2], w[3])
-    elif scheme == "llm_int8_guarded_prepared":
-        y = w8a8_outlier_gemm_prepared(x, w[0], w[1], w[2], w[3], float(w[4]))
-    else:
-        y = x @ w[0].to(x.dtype).t()
-    return y if bias is None else y + bias.to(y.dtype)
-
-
-def decode_layer(x: torch.Tensor, attn_norm_weight: torch.Tensor, mlp_norm_weight: torch.Tensor, eps: float,
-                 schemes: list[str], group_sizes: list[int], weights: list[torch.Tensor],
-                 biases: list[torch.Tensor | None], cos: torch.Tensor, sin: torch.Tensor,
-                 k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int, mask: torch.Tensor | None,
-                 n_heads: int, n_kv_heads: int) -> torch.Tensor:
-    """One Llama-family decoder layer for one new token per row: ``x [B, hidden]`` (the
-    residual stream) to the layer's output. The linears qkv (q, k, v heads concatenated),
-    o, gate_up (gate then up) and down each take ``DECODE_LAYER_TENSORS[scheme]`` tensors
-    from ``weights`` in order, plus ``biases[i]``. ``cos``/``sin [B, head_dim]`` are the
-    rows' rotary tables at their positions; k and v are written into ``k_cache``/``v_cache``
-    ``[>=B, n_kv_heads, S, head_dim]`` at slot ``pos`` and attention reads slots
-    ``0..pos`` under ``mask [B|1, pos+1]``."""
-    if len(schemes) != 4 or len(group_sizes) != 4 or len(biases) != 4:
-        raise ValueError("decode_layer: schemes, group_sizes and biases need one entry per linear")
-    linears, i = [], 0
-    for scheme, group_size, bias in zip(schemes, group_sizes, biases):
-        if scheme not in DECODE_LAYER_TENSORS:
-            raise ValueError(f"decode_layer: unknown linear scheme {scheme!r}; expected one of "
-                             f"{sorted(DECODE_LAYER_TENSORS)}")
-        n = DECODE_LAYER_TENSORS[scheme]
-        linears.append((scheme, group_size, weights[i:i + n], bias))
-        i += n
-    if i != len(weights):
-        raise ValueError(f"decode_layer: weights has {len(weights)} tensors, the schemes take {i}")
-    b, d = x.shape[0], cos.shape[-1]
-    h = rms_norm(x, attn_norm_weight, eps)
-    qkv = _decode_layer_linear(*linears[0], h).view(b, n_heads + 2 * n_kv_heads, d)
-    qk = apply_rope(qkv[:, :n_heads + n_kv_heads], cos.unsqueeze(1), sin.unsqueeze(1))
-    v = qkv[:, n_heads + n_kv_heads:]
-    k_cache[:b, :, pos] = qk[:, n_heads:]
-    v_cache[:b, :, pos] = v
-    attn = decode_attention(qk[:, :n_heads], k_cache[:b, :, :pos + 1], v_cache[:b, :, :pos + 1], mask)
-    h2, x2 = add_rms_norm(_decode_layer_linear(*linears[1], attn), x, mlp_norm_weight, eps)
-    gate, up = _decode_layer_linear(*linears[2], h2).chunk(2, dim=-1)
-    return x2 + _decode_layer_linear(*linears[3], torch.nn.functional.silu(gate) * up)
 
 
 def stream_read_sum(buf: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,11 @@
-// compress::decode_layer on CPU: one whole Llama-family decoder layer for a decode step
-// (one new token per row), in one call. Reference: compress/ops/reference.py::decode_layer.
+// One Llama-family decoder layer for a decode step (one new token per row) on the paged
+// KV cache, in one C++ call: the DecodePlan's body (decode_plan.cpp). What it computes is
+// the module path's layer (compress/runtime/models/llama.py) with
+// compress::paged_decode_attention for the attention:
 //
-//   h = rms_norm(x); qkv = W_qkv h; rope(q, k); cache[pos] = k, v
-//   a = W_o attention(q, cache[0..pos]); (h2, x2) = add_rms_norm(a, x)
+//   h = rms_norm(x); qkv = W_qkv h; rope(q, k) at each row's position
+//   k_pool, v_pool [block_tables[b][pos_b / BS], :, pos_b % BS] = k, v
+//   a = W_o paged_attention(q, keys 0..pos_b, window); (h2, x2) = add_rms_norm(a, x)
 //   out = x2 + W_down (silu(g) * u), (g, u) = W_gate_up h2
 //
 // Why: at batch 1 a 345M model's layer is ~11 small kernels and ~80 PyTorch ops
@@ -42,7 +45,7 @@ int64_t decode_linear_tensors(const std::string& scheme) {
   if (scheme == "llm_int8_prepared") return 4;
   if (scheme == "llm_int8_guarded_prepared") return 5;
   if (scheme == "dense") return 1;
-  TORCH_CHECK(false, "decode_layer: unknown linear scheme '", scheme,
+  TORCH_CHECK(false, "DecodePlan: unknown linear scheme '", scheme,
               "'; expected w4a16_prepared, w4a8_prepared, w8a8_prepared, llm_int8_prepared, "
               "llm_int8_guarded_prepared or dense");
 }
@@ -99,26 +102,29 @@ at::Tensor linear_into_scratch(ScratchSlot slot, const DecodeLinear& l, const at
 
 // Rotates q and k heads of one qkv row block (rotate-half convention, products and sum
 // rounded to T as x * cos + rotate_half(x) * sin is), writes q to `q` [B, nq, D] and
-// k, v into the caches (element type TC: T, or a float16 cache) at slot `pos`.
+// k, v into the pools (element type TC) at each row's position through its block table.
 template <typename T, typename TC>
 void rope_and_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& q,
-                    at::Tensor& k_cache, at::Tensor& v_cache, int64_t pos, int64_t nq, int64_t nkv) {
-  const int64_t B = qkv.size(0), D = cos.size(1), half = D / 2, heads = nq + 2 * nkv;
+                    const at::Tensor& k_pool, const at::Tensor& v_pool, const PagedRows& rows, int64_t nq,
+                    int64_t nkv) {
+  const int64_t B = qkv.size(0), D = cos.size(1), half = D / 2, heads = nq + 2 * nkv, BS = k_pool.size(2);
   const T* src_base = qkv.data_ptr<T>();
   const T* cos_base = cos.data_ptr<T>();
   const T* sin_base = sin.data_ptr<T>();
   T* qp = q.data_ptr<T>();
-  TC* kp = k_cache.data_ptr<TC>();
-  TC* vp = v_cache.data_ptr<TC>();
-  const int64_t ks0 = k_cache.stride(0), ks1 = k_cache.stride(1), ks2 = k_cache.stride(2);
-  const int64_t vs0 = v_cache.stride(0), vs1 = v_cache.stride(1), vs2 = v_cache.stride(2);
+  TC* kp = k_pool.data_ptr<TC>();
+  TC* vp = v_pool.data_ptr<TC>();
+  const int64_t ks0 = k_pool.stride(0), ks1 = k_pool.stride(1), ks2 = k_pool.stride(2);
+  const int64_t vs0 = v_pool.stride(0), vs1 = v_pool.stride(1), vs2 = v_pool.stride(2);
   for (int64_t b = 0; b < B; ++b) {
     const T* c = cos_base + b * cos.stride(0);
     const T* s = sin_base + b * sin.stride(0);
+    const int64_t pos = rows.positions[b];
+    const int64_t blk = rows.tables[b * rows.M + pos / BS], off = pos % BS;
     for (int64_t h = 0; h < heads; ++h) {
       const T* x = src_base + b * qkv.stride(0) + h * D;
       if (h >= nq + nkv) {  // v: stored as is (rounded to TC)
-        TC* dst = vp + b * vs0 + (h - nq - nkv) * vs1 + pos * vs2;
+        TC* dst = vp + blk * vs0 + (h - nq - nkv) * vs1 + off * vs2;
         for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<TC>(static_cast<float>(x[d]));
         continue;
       }
@@ -132,8 +138,19 @@ void rope_and_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tens
         }
       };
       if (h < nq) rotate(qp + (b * nq + h) * D);
-      else rotate(kp + b * ks0 + (h - nq) * ks1 + pos * ks2);
+      else rotate(kp + blk * ks0 + (h - nq) * ks1 + off * ks2);
     }
+  }
+}
+
+template <typename T>
+void rope_and_store_dispatch(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& q,
+                             const at::Tensor& k_pool, const at::Tensor& v_pool, const PagedRows& rows, int64_t nq,
+                             int64_t nkv) {
+  switch (k_pool.scalar_type()) {
+    case at::kFloat: rope_and_store<T, float>(qkv, cos, sin, q, k_pool, v_pool, rows, nq, nkv); break;
+    case at::kBFloat16: rope_and_store<T, c10::BFloat16>(qkv, cos, sin, q, k_pool, v_pool, rows, nq, nkv); break;
+    default: rope_and_store<T, c10::Half>(qkv, cos, sin, q, k_pool, v_pool, rows, nq, nkv); break;
   }
 }
 
@@ -185,71 +202,51 @@ std::vector<DecodeLinear> decode_linears(const std::vector<std::string>& schemes
                                          const std::vector<at::Tensor>& weights,
                                          const std::vector<c10::optional<at::Tensor>>& biases) {
   TORCH_CHECK(schemes.size() == 4 && group_sizes.size() == 4 && biases.size() == 4,
-              "decode_layer: schemes, group_sizes and biases need one entry per linear (qkv, o, gate_up, down)");
+              "DecodePlan: schemes, group_sizes and biases need one entry per linear (qkv, o, gate_up, down)");
   std::vector<DecodeLinear> lin(4);
   size_t next = 0;
   for (int i = 0; i < 4; ++i) {
     const int64_t n = decode_linear_tensors(schemes[i]);
-    TORCH_CHECK(next + n <= weights.size(), "decode_layer: weights has ", weights.size(),
+    TORCH_CHECK(next + n <= weights.size(), "DecodePlan: weights has ", weights.size(),
                 " tensors, fewer than the schemes need");
     lin[i] = DecodeLinear{schemes[i], group_sizes[i], weights.data() + next, biases[i]};
-    check_decode_linear(lin[i], "decode_layer");
+    check_decode_linear(lin[i], "DecodePlan");
     next += n;
   }
-  TORCH_CHECK(next == weights.size(), "decode_layer: weights has ", weights.size(), " tensors, the schemes take ", next);
+  TORCH_CHECK(next == weights.size(), "DecodePlan: weights has ", weights.size(), " tensors, the schemes take ", next);
   return lin;
 }
 
 at::Tensor decode_layer_run(const at::Tensor& x_in, const at::Tensor& attn_norm_weight, const at::Tensor& mlp_norm_weight,
-                            double eps, const std::vector<DecodeLinear>& lin, const at::Tensor& cos_in,
-                            const at::Tensor& sin_in, const at::Tensor& k_cache, const at::Tensor& v_cache, int64_t pos,
-                            const c10::optional<at::Tensor>& mask, int64_t n_heads, int64_t n_kv_heads) {
-  TORCH_CHECK(x_in.dim() == 2, "decode_layer: x must be [B, hidden], got ", x_in.sizes());
+                            double eps, const std::vector<DecodeLinear>& lin, const at::Tensor& cos,
+                            const at::Tensor& sin, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                            const PagedRows& rows, int64_t window, int64_t n_heads, int64_t n_kv_heads) {
+  // The caller (DecodePlan.decode_tokens) checked the shapes, dtypes, tables and positions.
   const at::Tensor x = x_in.contiguous();
-  const int64_t B = x.size(0), D = cos_in.size(-1), nq = n_heads, nkv = n_kv_heads;
-  TORCH_CHECK(cos_in.dim() == 2 && cos_in.size(0) == B && sin_in.sizes() == cos_in.sizes() && D % 2 == 0,
-              "decode_layer: cos and sin must be [B, head_dim] = [", B, ", D], got ", cos_in.sizes(), " and ",
-              sin_in.sizes());
-  TORCH_CHECK(cos_in.scalar_type() == x.scalar_type() && sin_in.scalar_type() == x.scalar_type(),
-              "decode_layer: cos and sin must have x's dtype ", x.scalar_type());
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() && k_cache.size(0) >= B &&
-                  k_cache.size(1) == nkv && k_cache.size(3) == D && pos >= 0 && pos < k_cache.size(2),
-              "decode_layer: caches must be [>=B, n_kv_heads, >pos, head_dim] = [>=", B, ", ", nkv, ", >", pos, ", ",
-              D, "], got k ", k_cache.sizes(), " v ", v_cache.sizes());
-  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type() &&
-                  (k_cache.scalar_type() == x.scalar_type() || k_cache.scalar_type() == at::kHalf) &&
-                  k_cache.stride(3) == 1 && v_cache.stride(3) == 1,
-              "decode_layer: caches must both have x's dtype or both float16, with a contiguous last dim; got x ",
-              x.scalar_type(), ", k ", k_cache.scalar_type(), ", v ", v_cache.scalar_type());
-  const bool half_cache = k_cache.scalar_type() == at::kHalf && x.scalar_type() != at::kHalf;
-  TORCH_CHECK(nkv > 0 && nq % nkv == 0, "decode_layer: n_heads ", nq, " must be a multiple of n_kv_heads ", nkv);
-  const at::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
-  at::Tensor kc = k_cache, vc = v_cache;  // written in place (one slot)
-
+  const int64_t B = x.size(0), D = cos.size(-1), nq = n_heads, nkv = n_kv_heads;
   const int64_t H = x.size(1);
   at::Tensor& h = layer_scratch(kH, {B, H}, x.options());
   rms_norm_into(x, attn_norm_weight, eps, h);
   const at::Tensor qkv = linear_into_scratch(kQkv, lin[0], h).contiguous();
-  TORCH_CHECK(qkv.size(1) == (nq + 2 * nkv) * D, "decode_layer: qkv linear gives ", qkv.size(1),
+  TORCH_CHECK(qkv.size(1) == (nq + 2 * nkv) * D, "DecodePlan: qkv linear gives ", qkv.size(1),
               " features, expected (n_heads + 2 n_kv_heads) * head_dim = ", (nq + 2 * nkv) * D);
   at::Tensor& q = layer_scratch(kQ, {B, nq, D}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "decode_layer_rope", [&] {
-    if (half_cache) rope_and_store<scalar_t, c10::Half>(qkv, cos, sin, q, kc, vc, pos, nq, nkv);
-    else rope_and_store<scalar_t, scalar_t>(qkv, cos, sin, q, kc, vc, pos, nq, nkv);
+    rope_and_store_dispatch<scalar_t>(qkv, cos, sin, q, k_pool, v_pool, rows, nq, nkv);
   });
-  at::Tensor& attn = layer_scratch(kAttn, {B, nq * D}, x.options());
-  decode_attention_into(q, kc, vc, pos + 1, mask, attn);  // the cache's first B rows, pos + 1 slots
-  const at::Tensor a = linear_into_scratch(kA, lin[1], attn);
+  at::Tensor& attn = layer_scratch(kAttn, {B, nq, D}, x.options());
+  paged_decode_attention_into(q, k_pool, v_pool, rows.tables, rows.M, rows.lens, window, attn);
+  const at::Tensor a = linear_into_scratch(kA, lin[1], attn.view({B, nq * D}));
   at::Tensor& h2 = layer_scratch(kH2, {B, H}, x.options());
   at::Tensor out = at::empty({B, H}, x.options());  // x + attention: the residual stream, returned
   add_rms_norm_into(a, x, mlp_norm_weight, eps, h2, out);
   const at::Tensor gu = linear_into_scratch(kGu, lin[2], h2).contiguous();
-  TORCH_CHECK(gu.size(1) % 2 == 0, "decode_layer: gate_up linear gives an odd feature count ", gu.size(1));
+  TORCH_CHECK(gu.size(1) % 2 == 0, "DecodePlan: gate_up linear gives an odd feature count ", gu.size(1));
   at::Tensor& act = layer_scratch(kAct, {B, gu.size(1) / 2}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "decode_layer_silu",
                                   [&] { silu_mul<scalar_t>(gu, act); });
   const at::Tensor down = linear_into_scratch(kDown, lin[3], act);
-  TORCH_CHECK(down.sizes() == out.sizes(), "decode_layer: down linear gives ", down.sizes(), ", expected ", out.sizes());
+  TORCH_CHECK(down.sizes() == out.sizes(), "DecodePlan: down linear gives ", down.sizes(), ", expected ", out.sizes());
   if (x.scalar_type() == at::kFloat && down.is_contiguous()) {  // out += down (an ATen add costs ~5 us here)
     float* o = out.data_ptr<float>();
     const float* d = down.data_ptr<float>();
@@ -260,17 +257,4 @@ at::Tensor decode_layer_run(const at::Tensor& x_in, const at::Tensor& attn_norm_
   return out;
 }
 
-at::Tensor decode_layer(const at::Tensor& x_in, const at::Tensor& attn_norm_weight, const at::Tensor& mlp_norm_weight,
-                        double eps, std::vector<std::string> schemes, std::vector<int64_t> group_sizes,
-                        std::vector<at::Tensor> weights, const c10::List<c10::optional<at::Tensor>>& biases,
-                        const at::Tensor& cos_in, const at::Tensor& sin_in, at::Tensor& k_cache, at::Tensor& v_cache,
-                        int64_t pos, const c10::optional<at::Tensor>& mask, int64_t n_heads, int64_t n_kv_heads) {
-  std::vector<c10::optional<at::Tensor>> bias_list(biases.begin(), biases.end());
-  const std::vector<DecodeLinear> lin = decode_linears(schemes, group_sizes, weights, bias_list);
-  return decode_layer_run(x_in, attn_norm_weight, mlp_norm_weight, eps, lin, cos_in, sin_in, k_cache, v_cache, pos,
-                          mask, n_heads, n_kv_heads);
-}
-
 }  // namespace compress_cpu
-
-TORCH_LIBRARY_IMPL(compress, CPU, m) { m.impl("decode_layer", &compress_cpu::decode_layer); }

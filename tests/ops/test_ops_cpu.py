@@ -351,77 +351,6 @@ def test_decode_attention_rejects_bad_shapes():
         torch.ops.compress.decode_attention(torch.randn(2, 4, 16), k.bfloat16(), k.bfloat16(), None)
 
 
-def decode_layer_case(scheme: str, dtype=torch.float32, b: int = 3, pos: int = 6, masked: bool = True,
-                      kv_dtype=None):
-    """Arguments of compress::decode_layer for a small GQA layer (hidden 64, 4 q heads,
-    2 kv heads of 16, intermediate 96) whose four linears use ``scheme``; q/k/v and o
-    biased; caches of ``kv_dtype`` (default: ``dtype``)."""
-    hidden, nq, nkv, d, inter = 64, 4, 2, 16, 96
-    shapes = [((nq + 2 * nkv) * d, hidden), (hidden, nq * d), (2 * inter, hidden), (hidden, inter)]
-    weights = []
-    for i, (n, k) in enumerate(shapes):
-        if scheme in ("w4a16_prepared", "w4a8_prepared"):
-            qweight, scales, zeros = make_int4(n, k, 32, seed=i)
-            weights += list(reference.w4a16_prepare_cpu(qweight, scales, zeros))
-        elif scheme in ("w8a8_prepared", "llm_int8_prepared", "llm_int8_guarded_prepared"):
-            q, ws = make_int8(n, k, seed=i)
-            weights += [reference.w8a8_tile_cpu(q), ws]
-            if scheme != "w8a8_prepared":
-                weights += [torch.tensor([1, 7, k - 1]), torch.randn(n, 3)]
-            if scheme == "llm_int8_guarded_prepared":  # low enough that activations spike past it
-                weights.append(torch.tensor(2.5))
-        else:
-            weights.append((torch.randn(n, k) / k ** 0.5).to(dtype))
-    biases = [torch.randn(shapes[0][0]).to(dtype), torch.randn(hidden).to(dtype), None, None]
-    mask = None
-    if masked:
-        mask = torch.rand(b, pos + 1) > 0.3
-        mask[:, pos] = True
-    caches = [torch.randn(b + 1, nkv, pos + 4, d).to(kv_dtype or dtype) for _ in range(2)]
-    args = (torch.randn(b, hidden).to(dtype), (torch.rand(hidden) + 0.5).to(dtype), (torch.rand(hidden) + 0.5).to(dtype),
-            1e-5, [scheme] * 4, [32] * 4, weights, biases, torch.randn(b, d).to(dtype), torch.randn(b, d).to(dtype),
-            *caches, pos, mask, nq, nkv)
-    return args
-
-
-@pytest.mark.parametrize("scheme", ["w4a16_prepared", "w4a8_prepared", "w8a8_prepared", "llm_int8_prepared",
-                                    "llm_int8_guarded_prepared", "dense"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("masked", [False, True])
-@pytest.mark.parametrize("kv_half", [False, True], ids=["kv_same", "kv_f16"])
-def test_decode_layer_matches_reference(isa, scheme, dtype, masked, kv_half):
-    args = decode_layer_case(scheme, dtype, masked=masked, kv_dtype=torch.float16 if kv_half else None)
-    ref_args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
-    got = torch.ops.compress.decode_layer(*args)
-    want = reference.decode_layer(*ref_args)
-    # each scheme against its own reference op: fp32 sum order (the float int4 op), the
-    # activation quantizers' bytes (the int8 ones; a rounding flip in a late layer step
-    # moves a few outputs), bf16 rounding every elementwise step
-    floor = {"w4a16_prepared": 80, "w4a8_prepared": 35, "w8a8_prepared": 35, "llm_int8_prepared": 35,
-             "llm_int8_guarded_prepared": 35, "dense": 60}[scheme]
-    assert got.shape == want.shape and got.dtype == dtype
-    assert sqnr_db(want, got) > (floor if dtype == torch.float32 else min(floor, 30))
-    pos, (k_got, v_got), (k_want, v_want) = args[12], args[10:12], ref_args[10:12]
-    assert k_got.dtype == (torch.float16 if kv_half else dtype)
-    for got_cache, want_cache in ((k_got, k_want), (v_got, v_want)):
-        torch.testing.assert_close(got_cache[:, :, :pos], want_cache[:, :, :pos], atol=0, rtol=0)  # untouched
-        torch.testing.assert_close(got_cache[:, :, pos + 1:], want_cache[:, :, pos + 1:], atol=0, rtol=0)
-        assert sqnr_db(want_cache[:3, :, pos], got_cache[:3, :, pos]) > min(floor, 30)
-
-
-@pytest.mark.parametrize("scheme", ["w4a16_prepared", "w8a8_prepared"])
-def test_decode_layer_results_outlive_the_next_call(scheme):
-    """decode_layer reuses its intermediates from call to call on a thread: what it
-    returns must be a tensor of its own, untouched by the next call (another batch size
-    in between, which reallocates the intermediates)."""
-    first = torch.ops.compress.decode_layer(*decode_layer_case(scheme, b=3))
-    kept = first.clone()
-    for b in (3, 2, 3):
-        other = torch.ops.compress.decode_layer(*decode_layer_case(scheme, b=b))
-        assert other.data_ptr() != first.data_ptr()
-    assert torch.equal(first, kept)
-
-
 def test_gemm_workspaces_past_the_reused_buffer():
     """Workspaces over Scratch's 1 MiB come from their own allocation: a call that needs
     one (M = 300, K = 4096) between two small ones, each against the reference."""
@@ -436,18 +365,6 @@ def test_gemm_workspaces_past_the_reused_buffer():
                                       ops.get_op(op, "reference")(x, qweight, scales, zeros, 128))
         got8 = torch.ops.compress.w8a8_gemm_prepared(x, q8t, ws)
         assert sqnr_db(reference.w8a8_gemm(x, q8, ws), got8) > 35
-
-
-def test_decode_layer_rejects_bad_arguments():
-    args = list(decode_layer_case("w8a8_prepared"))
-    with pytest.raises(RuntimeError, match="unknown linear scheme 'int3'"):
-        torch.ops.compress.decode_layer(*args[:4], ["int3"] * 4, *args[5:])
-    with pytest.raises(RuntimeError, match="the schemes take 8"):
-        torch.ops.compress.decode_layer(*args[:6], args[6] + [args[6][0]], *args[7:])
-    with pytest.raises(RuntimeError, match="caches must be"):
-        torch.ops.compress.decode_layer(*args[:12], 99, *args[13:])   # slot beyond the cache
-    with pytest.raises(RuntimeError, match="qkv linear gives"):
-        torch.ops.compress.decode_layer(*args[:14], 2, 2)             # heads that do not fit qkv
 
 
 def test_opcheck():
@@ -474,7 +391,5 @@ def test_opcheck():
          (torch.randn(2, 4, 16), torch.randn(2, 2, 7, 16), torch.randn(2, 2, 7, 16),
           torch.tensor([[True, False] * 3 + [True]] * 2))),
     ]
-    cases += [(torch.ops.compress.decode_layer.default, decode_layer_case(scheme))
-              for scheme in ("w4a16_prepared", "w4a8_prepared", "llm_int8_guarded_prepared")]
     for op, args in cases:
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))

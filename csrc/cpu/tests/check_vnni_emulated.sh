@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole CPU extension on its AVX-512 VNNI paths, on a CPU without AVX-512, under
 # AddressSanitizer: the op-level code around the VNNI tiles (dispatch, workspaces,
-# fused outliers, decode_layer) that tests/csrc/test_cpu_isa_emulation.py, which runs
+# fused outliers, paged attention, the decode plan) that tests/csrc/test_cpu_isa_emulation.py, which runs
 # the tiles alone, does not reach.
 #
 # It copies the sources to $TREE (default build/vnni-emulated) and there:
@@ -14,7 +14,7 @@
 # then builds compress._C with -fsanitize=address and runs the CPU op and decode tests
 # (every ISA: the emulated VNNI, AVX2, scalar). Slow: ~5 min to build on 2 cores.
 #
-#   csrc/cpu/tests/check_vnni_emulated.sh [pytest args, default: the op and decode-layer tests]
+#   csrc/cpu/tests/check_vnni_emulated.sh [pytest args, default: the op and native-decode tests]
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 REPO=$PWD
@@ -62,7 +62,7 @@ export LD_PRELOAD="$($cxx -print-file-name=libasan.so) $($cxx -print-file-name=l
 export ASAN_OPTIONS=detect_leaks=0:log_path=$PWD/asan
 isa=$($PY -c "import compress.ops as o; print(o.cpu_isa())")
 [ "$isa" = avx512_vnni ] || { echo "the emulated build reports ISA $isa"; exit 1; }
-[ $# -eq 0 ] && set -- tests/ops/test_ops_cpu.py tests/runtime/test_decode_layer.py tests/runtime/test_decode_plan.py
+[ $# -eq 0 ] && set -- tests/ops/test_ops_cpu.py tests/ops/test_paged_decode_attention.py tests/runtime/test_native_decode.py
 $PY -m pytest -p no:cacheprovider -q "$@" && rc=0 || rc=$?
 for f in asan.*; do [ -e "$f" ] && { echo "AddressSanitizer report $f:"; head -60 "$f"; rc=1; }; done
 exit $rc
