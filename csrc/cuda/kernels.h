@@ -61,4 +61,24 @@ struct W8A8Args {
 int w8a8_splits(int m, int n, int kq, int sms);
 cudaError_t launch_w8a8_gemm(DType out_dtype, const W8A8Args& args, cudaStream_t stream);
 
+// ---- paged decode attention (paged_attention.cu) -----------------------------
+struct PagedAttnArgs {
+  const void* q;                 // [rows, n_heads, head_dim], contiguous
+  const void* k_pool;            // [num_blocks, n_kv_heads, block_size, head_dim], last dim contiguous
+  const void* v_pool;            // the same sizes and dtype as k_pool
+  long long k_stride[3];         // k_pool's strides of block, head, slot (elements)
+  long long v_stride[3];
+  const int32_t* block_tables;   // [rows, table_cols]
+  const int32_t* context_lens;   // [rows]
+  void* out;                     // [rows, n_heads, head_dim], q's dtype
+  int rows, n_heads, n_kv_heads, head_dim, num_blocks, block_size, table_cols, window;
+  float scale;                   // 1 / sqrt(head_dim)
+};
+// q_dtype: q's and out's; kv_dtype: the pools'. head_dim <= 256, n_heads <= 65535,
+// table_cols * block_size < 2^31 (op_checks.h). Table entries outside 0..num_blocks-1 and
+// context lengths outside 0..table_cols * block_size read no memory outside the pools
+// (out of contract: the key is left out; a row with no key gets zeros).
+cudaError_t launch_paged_decode_attention(DType q_dtype, DType kv_dtype, const PagedAttnArgs& args,
+                                          cudaStream_t stream);
+
 }  // namespace cpk

@@ -11,10 +11,12 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "cpk_common.cuh"
 #include "int4_layout.cuh"
+#include "paged_attention.cuh"
 
 namespace cpk {
 
@@ -29,6 +31,7 @@ struct TensorDesc {
   int dim;
   int64_t size0, size1;  // sizes of dims 0 and 1 (0 where the tensor has fewer dims)
   int64_t numel;
+  int64_t size2, size3;  // sizes of dims 2 and 3 (0 where the tensor has fewer dims)
 };
 
 // Rows, columns and K below this fit the kernels' int indices with room for padding.
@@ -54,7 +57,9 @@ inline std::string shape_name(const TensorDesc& t) {
   if (t.dim == 0) return "[]";
   std::string s = "[" + std::to_string(t.size0);
   if (t.dim >= 2) s += ", " + std::to_string(t.size1);
-  if (t.dim > 2) s += ", ...";
+  if (t.dim >= 3) s += ", " + std::to_string(t.size2);
+  if (t.dim >= 4) s += ", " + std::to_string(t.size3);
+  if (t.dim > 4) s += ", ...";
   return s + "]";
 }
 inline std::string shape2(int64_t a, int64_t b) { return "[" + std::to_string(a) + ", " + std::to_string(b) + "]"; }
@@ -194,6 +199,52 @@ inline std::string check_w8a8(const TensorDesc& x, const TensorDesc& qweight, co
     return e;
   return first_error(need_shape(ow, n, idx.numel, "[N, C]"),
                      need_kind(ow, is_float_kind(ow.kind), "float16, bfloat16 or float32"));
+}
+
+// Paged decode attention: q [B, Hq, D] float; k_pool, v_pool [NB, Hkv, BS, D] of one float
+// dtype; block_tables int32 [B, M]; context_lens int32 [B]; window >= 0. The values of the
+// tables and lengths live on the GPU and are not checked here (the kernel reads nothing
+// outside the pools for any of them, paged_attention.cuh).
+inline std::string check_paged_decode_attention(const TensorDesc& q, const TensorDesc& k_pool, const TensorDesc& v_pool,
+                                                const TensorDesc& block_tables, const TensorDesc& context_lens,
+                                                int64_t window) {
+  if (q.device != Dev::kCUDA) return std::string(q.name) + " must be a CUDA tensor, got one on " + device_name(q);
+  if (std::string e = first_error(
+          q.dim == 3 ? "" : std::string(q.name) + " must be 3-D [B, Hq, head_dim], got " + shape_name(q),
+          need_kind(q, is_float_kind(q.kind), "float16, bfloat16 or float32"), need_on_device_of(k_pool, q),
+          need_on_device_of(v_pool, q), need_on_device_of(block_tables, q), need_on_device_of(context_lens, q));
+      !e.empty())
+    return e;
+  const int64_t b = q.size0, hq = q.size1, d = q.size2;
+  for (const TensorDesc* p : {&k_pool, &v_pool}) {
+    if (p->dim != 4 || p->size3 != d || p->size1 < 1 || p->size2 < 1)
+      return std::string(p->name) + " must be 4-D [num_blocks, n_kv_heads, block_size, head_dim = " +
+             std::to_string(d) + "], got " + shape_name(*p);
+    if (std::string e = need_kind(*p, is_float_kind(p->kind), "float16, bfloat16 or float32"); !e.empty()) return e;
+  }
+  if (v_pool.size0 != k_pool.size0 || v_pool.size1 != k_pool.size1 || v_pool.size2 != k_pool.size2 ||
+      v_pool.kind != k_pool.kind)
+    return std::string(v_pool.name) + " must have " + k_pool.name + "'s sizes " + shape_name(k_pool) + " and dtype " +
+           kind_name(k_pool.kind) + ", got " + shape_name(v_pool) + " " + kind_name(v_pool.kind);
+  if (hq % k_pool.size1 != 0)
+    return "q has " + std::to_string(hq) + " heads, not a multiple of the pools' " + std::to_string(k_pool.size1) +
+           " kv heads (Hq % Hkv)";
+  if (d < 1 || d > kPagedMaxHeadDim)
+    return "head_dim " + std::to_string(d) + " is outside 1.." + std::to_string(kPagedMaxHeadDim);
+  if (hq > kPagedMaxHeads) return "q has " + std::to_string(hq) + " heads, above " + std::to_string(kPagedMaxHeads);
+  if (block_tables.dim != 2 || block_tables.size0 != b || block_tables.kind != Kind::kI32)
+    return std::string(block_tables.name) + " must be int32 [B = " + std::to_string(b) + ", M], got " +
+           kind_name(block_tables.kind) + " " + shape_name(block_tables);
+  if (context_lens.dim != 1 || context_lens.size0 != b || context_lens.kind != Kind::kI32)
+    return std::string(context_lens.name) + " must be int32 [B = " + std::to_string(b) + "], got " +
+           kind_name(context_lens.kind) + " " + shape_name(context_lens);
+  if (window < 0) return "window must be >= 0 (0 = full attention), got " + std::to_string(window);
+  if (b >= kMaxOpDim || k_pool.size0 >= kMaxOpDim || window >= kMaxOpDim ||
+      block_tables.size1 * k_pool.size2 >= kMaxOpDim)
+    return "rows, num_blocks, window and M * block_size must be below 2^30, got B=" + std::to_string(b) +
+           ", num_blocks=" + std::to_string(k_pool.size0) + ", M * block_size=" +
+           std::to_string(block_tables.size1 * k_pool.size2);
+  return "";
 }
 
 }  // namespace cpk

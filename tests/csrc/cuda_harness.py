@@ -15,7 +15,8 @@ from native_harness import REPO, build_cached_library
 
 CUDA_DIR = REPO / "csrc" / "cuda"
 HARNESS = CUDA_DIR / "tests" / "host_harness.cu"
-HEADERS = ("cpk_common.cuh", "int4_layout.cuh", "w4a16_tile.cuh", "w8a8_tile.cuh", "op_checks.h")
+HEADERS = ("cpk_common.cuh", "int4_layout.cuh", "w4a16_tile.cuh", "w8a8_tile.cuh", "op_checks.h",
+           "paged_attention.cuh")
 
 
 def nvcc_path() -> str | None:

@@ -375,3 +375,56 @@ def test_quantize_outlier_pass_matches_reference(lib, k):
         q_ref, s_ref = ref.quantize_per_token_int8(x_rest)
         assert torch.equal(scale, s_ref) and torch.equal(q[:, :k], q_ref) and not q[:, k:].any()
         assert torch.equal(xo[:, :valid.numel()], x[:, valid]) and not xo[:, valid.numel():].any()
+
+
+# --- paged decode attention (paged_attention.cu, helpers in paged_attention.cuh) -----------
+def _paged_case(lens, hq, hkv, d, block_size, seed=5):
+    """Rows' blocks drawn from a shuffled pool (never in order), -1 past each row's blocks."""
+    g = torch.Generator().manual_seed(seed)
+    need = [-(-n // block_size) for n in lens]
+    nb = sum(need) + 2
+    order = torch.randperm(nb, generator=g).tolist()
+    tables = torch.full((len(lens), max(need) + 1), -1, dtype=torch.int32)
+    for r, n in enumerate(need):
+        tables[r, :n] = torch.tensor(order[sum(need[:r]):sum(need[:r]) + n], dtype=torch.int32)
+    k, v = torch.randn(nb, hkv, block_size, d, generator=g), torch.randn(nb, hkv, block_size, d, generator=g)
+    return torch.randn(len(lens), hq, d, generator=g), k, v, tables, torch.tensor(lens, dtype=torch.int32)
+
+
+def _paged_emulated(lib, q, k, v, tables, lens, window):
+    out = torch.full(q.shape, float("nan"))
+    lib.cpk_paged_attention_emulated(_p(q), _p(k), _p(v), _p(tables), _p(lens), q.shape[0], q.shape[1], k.shape[1],
+                                     q.shape[2], k.shape[0], k.shape[2], tables.shape[1], window, _p(out))
+    return out
+
+
+@pytest.mark.parametrize("d", [64, 128, 80, 256])
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2), (8, 1)], ids=lambda h: f"{h[0]}q{h[1]}kv")
+@pytest.mark.parametrize("window", [0, 1, 7, 21])
+def test_paged_attention_kernel_matches_reference(lib, d, heads, window):
+    """The kernel's loop structure (warps striding over a row's positions, lanes over
+    head_dim chunks, online softmax per warp, combine) with its own helpers, at lengths
+    around block boundaries (1, BS-1, BS, BS+1, 3 BS+5), GQA and windows."""
+    bs = 16
+    q, k, v, tables, lens = _paged_case([1, bs - 1, bs, bs + 1, 3 * bs + 5], *heads, d, bs)
+    got = _paged_emulated(lib, q, k, v, tables, lens, window)
+    torch.testing.assert_close(got, ref.paged_decode_attention(q, k, v, tables, lens, window), rtol=1e-5, atol=1e-5)
+
+
+def test_paged_attention_kernel_out_of_contract_reads_nothing_outside(lib):
+    """Table entries outside the pool are left out, a length past the table's capacity is
+    clamped, a length of 0 gives zeros: the kernel never forms an address outside the pools."""
+    q, k, v, tables, lens = _paged_case([20, 5, 9], 4, 2, 64, 8)
+    bad = tables.clone()
+    bad[0, 1] = k.shape[0]          # positions 8..15 of row 0 name no block
+    lens_bad = lens.clone()
+    lens_bad[1] = 10_000            # clamped to the row's table capacity
+    lens_bad[2] = 0                 # no key
+    got = _paged_emulated(lib, q, k, v, bad, lens_bad, 0)
+    assert torch.isfinite(got).all() and not got[2].any()
+    keep = torch.tensor([p for p in range(20) if not 8 <= p < 16])  # row 0 without its missing block
+    k0 = torch.stack([k[int(tables[0, p // 8]), :, p % 8] for p in keep.tolist()])
+    v0 = torch.stack([v[int(tables[0, p // 8]), :, p % 8] for p in keep.tolist()])
+    want0 = torch.softmax(torch.einsum("hd,shd->hs", q[0], k0.repeat_interleave(2, dim=1)) / 8, dim=-1)
+    torch.testing.assert_close(got[0], torch.einsum("hs,shd->hd", want0, v0.repeat_interleave(2, dim=1)),
+                               rtol=1e-5, atol=1e-5)

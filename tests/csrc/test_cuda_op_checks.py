@@ -1,6 +1,7 @@
 """Host tests of the CUDA bindings' argument checks (csrc/cuda/op_checks.h, torch-free, so
-the harness calls them directly): every tensor on x's device, group sizes, shapes, dtypes
-and the int32-accumulation K limit, with messages naming the argument."""
+the harness calls them directly): every tensor on the first one's device, group sizes,
+shapes, dtypes, the int32-accumulation K limit and the paged attention's pools, tables and
+window, with messages naming the argument."""
 from __future__ import annotations
 
 import ctypes
@@ -20,7 +21,7 @@ def lib():
 _KIND = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.uint8: 3, torch.int8: 4, torch.int16: 5,
          torch.int32: 6, torch.int64: 7, torch.float64: 8}
 _OPS = {"w4a16_shuffle_for_cuda": 0, "w4a16_gemm_shuffled": 1, "w4a16_gemm": 2, "quantize_per_token_int8": 3,
-        "w8a8_gemm": 4, "w8a8_outlier_gemm": 5}
+        "w8a8_gemm": 4, "w8a8_outlier_gemm": 5, "paged_decode_attention": 6}
 
 
 def _desc(shape, dtype, device="cuda:0"):
@@ -28,12 +29,13 @@ def _desc(shape, dtype, device="cuda:0"):
     numel = 1
     for d in shape:
         numel *= d
+    sizes = list(shape) + [0] * (4 - len(shape))
     return [{"cpu": 0, "cuda": 1}.get(typ, 2), int(index) if index else -1, _KIND[dtype], len(shape),
-            shape[0] if shape else 0, shape[1] if len(shape) > 1 else 0, numel]
+            sizes[0], sizes[1], numel, sizes[2], sizes[3]]
 
 
 def _check(lib, op, tensors, *ints) -> str:
-    flat = torch.tensor([v for t in tensors for v in t] + [0] * 7 * (5 - len(tensors)), dtype=torch.int64)
+    flat = torch.tensor([v for t in tensors for v in t] + [0] * 9 * (5 - len(tensors)), dtype=torch.int64)
     iv = torch.tensor(list(ints) + [0, 0], dtype=torch.int64)
     buf = ctypes.create_string_buffer(2048)
     assert lib.cpk_check_op(_OPS[op], _p(flat), _p(iv), buf, 2048) >= 0
@@ -56,6 +58,9 @@ def _valid(op):
         "w8a8_outlier_gemm": (["x", "qweight", "weight_scale", "outlier_idx", "outlier_weight"],
                               [((5, 320), f16), ((200, 320), torch.int8), ((200,), torch.float32),
                                ((3,), torch.int64), ((200, 3), f16)], ()),
+        "paged_decode_attention": (["q", "k_pool", "v_pool", "block_tables", "context_lens"],
+                                   [((3, 8, 64), torch.bfloat16), ((40, 2, 16, 64), f16), ((40, 2, 16, 64), f16),
+                                    ((3, 9), i32), ((3,), i32)], (0,)),
     }[op]
 
 
@@ -137,3 +142,37 @@ def test_op_checks_w8a8_limits(lib):
     assert "outlier_idx must be 1-D" in _check(lib, "w8a8_outlier_gemm", w8(128, _desc((3, 1), torch.int64), ok[1]))
     assert "outlier_weight must be [64, 3]" in _check(lib, "w8a8_outlier_gemm",
                                                       w8(128, ok[0], _desc((64, 2), torch.float32)))
+
+
+def test_op_checks_paged_decode_attention(lib):
+    """Pools of one shape and dtype that fit q (head_dim, Hq % Hkv), int32 tables and
+    lengths with one row per query row, a window that is not negative, sizes the kernel's
+    int indices and grid hold."""
+    names, tensors, ints = _valid("paged_decode_attention")
+
+    def check(window=0, **replace):
+        descs = [_desc(*replace.get(name, t)) for name, t in zip(names, tensors)]
+        return _check(lib, "paged_decode_attention", descs, window)
+
+    f16, i32 = torch.float16, torch.int32
+    for q_dtype in (torch.float16, torch.bfloat16, torch.float32):
+        for kv_dtype in (torch.float16, torch.bfloat16, torch.float32):
+            pool = ((40, 2, 16, 64), kv_dtype)
+            assert check(q=((3, 8, 64), q_dtype), k_pool=pool, v_pool=pool) == ""
+    assert check(window=5) == ""
+    assert "window must be >= 0" in check(window=-1)
+    assert "q must be 3-D" in check(q=((3, 512), f16))
+    assert "q must be float16" in check(q=((3, 8, 64), torch.int32))
+    assert "k_pool must be 4-D [num_blocks, n_kv_heads, block_size, head_dim = 64], got [40, 2, 16, 32]" in check(
+        k_pool=((40, 2, 16, 32), f16))
+    assert "v_pool must have k_pool's sizes [40, 2, 16, 64] and dtype float16" in check(v_pool=((41, 2, 16, 64), f16))
+    assert "v_pool must have k_pool's sizes" in check(v_pool=((40, 2, 16, 64), torch.float32))
+    assert "k_pool must be float16" in check(k_pool=((40, 2, 16, 64), i32), v_pool=((40, 2, 16, 64), i32))
+    assert "not a multiple of the pools' 3 kv heads" in check(k_pool=((40, 3, 16, 64), f16),
+                                                              v_pool=((40, 3, 16, 64), f16))
+    assert "head_dim 320 is outside 1..256" in check(q=((3, 8, 320), f16), k_pool=((40, 2, 16, 320), f16),
+                                                     v_pool=((40, 2, 16, 320), f16))
+    assert "block_tables must be int32 [B = 3, M], got int64 [3, 9]" in check(block_tables=((3, 9), torch.int64))
+    assert "block_tables must be int32 [B = 3, M]" in check(block_tables=((2, 9), i32))
+    assert "context_lens must be int32 [B = 3], got int32 [4]" in check(context_lens=((4,), i32))
+    assert "M * block_size must be below 2^30" in check(block_tables=((3, 2 ** 27), i32))

@@ -360,3 +360,44 @@ def test_w4a16_fp16_subnormal_scales_error_bound():
     exact = x.cpu().float() @ ref.dequantize_int4(qi.cpu(), s.cpu(), z.cpu(), g).t()
     bound = x.cpu().float().abs().sum(1, keepdim=True) * 2.0**-20 + exact.abs() * 2.0**-10
     assert ((got - exact).abs() <= bound).all()
+
+
+def _paged_case(lens, hq, hkv, d, bs, q_dtype, kv_dtype, seed=3):
+    """Rows' blocks from a shuffled pool, -1 past each row's blocks (never read)."""
+    g = torch.Generator().manual_seed(seed)
+    need = [-(-n // bs) for n in lens]
+    nb = sum(need) + 3
+    order = torch.randperm(nb, generator=g).tolist()
+    tables = torch.full((len(lens), max(need) + 1), -1, dtype=torch.int32)
+    for r, n in enumerate(need):
+        tables[r, :n] = torch.tensor(order[sum(need[:r]):sum(need[:r]) + n], dtype=torch.int32)
+    k = torch.randn(nb, hkv, bs, d, generator=g).to(kv_dtype)
+    v = torch.randn(nb, hkv, bs, d, generator=g).to(kv_dtype)
+    q = torch.randn(len(lens), hq, d, generator=g).to(q_dtype)
+    return [t.to(DEV) for t in (q, k, v, tables, torch.tensor(lens, dtype=torch.int32))]
+
+
+@pytest.mark.parametrize("q_dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("heads,d", [((8, 8), 64), ((32, 8), 128), ((8, 1), 80)])
+@pytest.mark.parametrize("window", [0, 9])
+def test_paged_decode_attention(q_dtype, kv_dtype, heads, d, window):
+    bs = 16
+    q, k, v, tables, lens = _paged_case([1, bs - 1, bs, bs + 1, 3 * bs + 5, 700], *heads, d, bs, q_dtype, kv_dtype)
+    got = C.paged_decode_attention(q, k, v, tables, lens, window)
+    want = ref.paged_decode_attention(q.cpu(), k.cpu(), v.cpu(), tables.cpu(), lens.cpu(), window)
+    assert got.dtype == q_dtype and got.shape == q.shape
+    tol = 1e-5 if q_dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got.cpu(), want, rtol=tol, atol=tol)
+    torch.library.opcheck(C.paged_decode_attention.default, (q, k, v, tables, lens, window),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+
+
+def test_paged_decode_attention_checks_arguments():
+    q, k, v, tables, lens = _paged_case([5, 9], 4, 2, 64, 8, torch.float16, torch.float16)
+    with pytest.raises(RuntimeError, match="block_tables must be int32"):
+        C.paged_decode_attention(q, k, v, tables.long(), lens, 0)
+    with pytest.raises(RuntimeError, match="k_pool is on cpu but q is on cuda"):
+        C.paged_decode_attention(q, k.cpu(), v, tables, lens, 0)
+    with pytest.raises(RuntimeError, match="window must be >= 0"):
+        C.paged_decode_attention(q, k, v, tables, lens, -2)

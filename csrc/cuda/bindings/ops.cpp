@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 #include <torch/library.h>
 
+#include <cmath>
 #include <string>
 #include <tuple>
 
@@ -52,6 +53,8 @@ cpk::TensorDesc describe(const at::Tensor& t, const char* name) {
   d.size0 = t.dim() > 0 ? t.size(0) : 0;
   d.size1 = t.dim() > 1 ? t.size(1) : 0;
   d.numel = t.numel();
+  d.size2 = t.dim() > 2 ? t.size(2) : 0;
+  d.size3 = t.dim() > 3 ? t.size(3) : 0;
   return d;
 }
 
@@ -249,6 +252,39 @@ at::Tensor w8a8_outlier_gemm(const at::Tensor& x, const at::Tensor& qweight, con
   return w8a8_impl("w8a8_outlier_gemm", x, qweight, weight_scale, &outlier_idx, &outlier_weight);
 }
 
+// ---- paged decode attention ----------------------------------------------------
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t window) {
+  constexpr const char* op = "paged_decode_attention";
+  raise_if(cpk::check_paged_decode_attention(describe(q, "q"), describe(k_pool, "k_pool"), describe(v_pool, "v_pool"),
+                                             describe(block_tables, "block_tables"),
+                                             describe(context_lens, "context_lens"), window),
+           op);
+  TORCH_CHECK(k_pool.stride(3) == 1 && v_pool.stride(3) == 1, op, ": k_pool and v_pool need a contiguous last dim");
+  const c10::cuda::CUDAGuard guard(q.device());
+  const at::Tensor qc = q.contiguous(), tables = block_tables.contiguous(), lens = context_lens.contiguous();
+  at::Tensor out = at::empty(qc.sizes(), qc.options());
+  cpk::PagedAttnArgs a{};
+  a.q = qc.data_ptr();
+  a.k_pool = k_pool.data_ptr();
+  a.v_pool = v_pool.data_ptr();
+  for (int i = 0; i < 3; ++i) a.k_stride[i] = k_pool.stride(i), a.v_stride[i] = v_pool.stride(i);
+  a.block_tables = tables.data_ptr<int32_t>();
+  a.context_lens = lens.data_ptr<int32_t>();
+  a.out = out.data_ptr();
+  a.rows = static_cast<int>(q.size(0));
+  a.n_heads = static_cast<int>(q.size(1));
+  a.n_kv_heads = static_cast<int>(k_pool.size(1));
+  a.head_dim = static_cast<int>(q.size(2));
+  a.num_blocks = static_cast<int>(k_pool.size(0));
+  a.block_size = static_cast<int>(k_pool.size(2));
+  a.table_cols = static_cast<int>(tables.size(1));
+  a.window = static_cast<int>(window);
+  a.scale = 1.f / std::sqrt(static_cast<float>(q.size(2)));
+  check_launch(cpk::launch_paged_decode_attention(dtype_of(qc), dtype_of(k_pool), a, stream()), op);
+  return out;
+}
+
 }  // namespace
 }  // namespace compress_cuda
 
@@ -259,6 +295,7 @@ TORCH_LIBRARY_IMPL(compress, CUDA, m) {
   m.impl("quantize_per_token_int8", &compress_cuda::quantize_per_token_int8);
   m.impl("w8a8_gemm", &compress_cuda::w8a8_gemm);
   m.impl("w8a8_outlier_gemm", &compress_cuda::w8a8_outlier_gemm);
+  m.impl("paged_decode_attention", &compress_cuda::paged_decode_attention);
 }
 
 static struct PyModuleDef compress_cuda_module = {PyModuleDef_HEAD_INIT, "_cuda", "compress CUDA kernels", -1,

@@ -17,6 +17,7 @@
 #include "../cpk_common.cuh"
 #include "../int4_layout.cuh"
 #include "../op_checks.h"
+#include "../paged_attention.cuh"
 #include "../w4a16_tile.cuh"
 #include "../w8a8_tile.cuh"
 
@@ -413,27 +414,29 @@ int cpk_quantize_rows_outliers(const float* x, int m, int k, int ldq, const long
 }
 
 // ---- argument checks of the bindings (op_checks.h) ----------------------------
-// Each tensor as 7 int64: device (0 cpu, 1 cuda, 2 other), index, kind (cpk::Kind),
-// dim, size0, size1, numel. op: 0 w4a16_shuffle_for_cuda (qweight, scales, zeros;
-// ints: group_size), 1 w4a16_gemm_shuffled (x, qweight_shuffled, scales_t, zeros_t;
+// Each tensor as 9 int64: device (0 cpu, 1 cuda, 2 other), index, kind (cpk::Kind),
+// dim, size0, size1, numel, size2, size3. op: 0 w4a16_shuffle_for_cuda (qweight, scales,
+// zeros; ints: group_size), 1 w4a16_gemm_shuffled (x, qweight_shuffled, scales_t, zeros_t;
 // group_size, n), 2 w4a16_gemm (x, qweight, scales, zeros; group_size),
 // 3 quantize_per_token_int8 (x), 4 w8a8_gemm (x, qweight, weight_scale),
-// 5 w8a8_outlier_gemm (x, qweight, weight_scale, outlier_idx, outlier_weight).
+// 5 w8a8_outlier_gemm (x, qweight, weight_scale, outlier_idx, outlier_weight),
+// 6 paged_decode_attention (q, k_pool, v_pool, block_tables, context_lens; window).
 // Writes the message (empty: valid) into msg; returns its length, -1 for a bad op.
 int cpk_check_op(int op, const long long* t, const long long* ints, char* msg, int cap) {
-  static const char* const names[6][5] = {
+  static const char* const names[7][5] = {
       {"qweight", "scales", "zeros"},
       {"x", "qweight_shuffled", "scales_t", "zeros_t"},
       {"x", "qweight", "scales", "zeros"},
       {"x"},
       {"x", "qweight", "weight_scale"},
-      {"x", "qweight", "weight_scale", "outlier_idx", "outlier_weight"}};
-  if (op < 0 || op > 5) return -1;
+      {"x", "qweight", "weight_scale", "outlier_idx", "outlier_weight"},
+      {"q", "k_pool", "v_pool", "block_tables", "context_lens"}};
+  if (op < 0 || op > 6) return -1;
   TensorDesc d[5]{};
   for (int i = 0; i < 5 && names[op][i] != nullptr; ++i) {
-    const long long* v = t + 7 * i;
+    const long long* v = t + 9 * i;
     d[i] = TensorDesc{names[op][i], static_cast<Dev>(v[0]), static_cast<int>(v[1]), static_cast<Kind>(v[2]),
-                      static_cast<int>(v[3]), v[4], v[5], v[6]};
+                      static_cast<int>(v[3]), v[4], v[5], v[6], v[7], v[8]};
   }
   std::string e;
   switch (op) {
@@ -442,7 +445,8 @@ int cpk_check_op(int op, const long long* t, const long long* ints, char* msg, i
     case 2: e = check_w4a16_gemm(d[0], d[1], d[2], d[3], ints[0]); break;
     case 3: e = check_quantize_rows(d[0]); break;
     case 4: e = check_w8a8(d[0], d[1], d[2], nullptr, nullptr); break;
-    default: e = check_w8a8(d[0], d[1], d[2], &d[3], &d[4]); break;
+    case 5: e = check_w8a8(d[0], d[1], d[2], &d[3], &d[4]); break;
+    default: e = check_paged_decode_attention(d[0], d[1], d[2], d[3], d[4], ints[0]); break;
   }
   std::snprintf(msg, static_cast<size_t>(cap), "%s", e.c_str());
   return static_cast<int>(e.size());
@@ -458,6 +462,68 @@ void cpk_quantize_rows(const float* x, int m, int k, const uint8_t* mask, int8_t
     for (int i = 0; i < k; ++i) q[r * k + i] = mask[i] ? 0 : int8_quantize(x[r * k + i], s);
     scale[r] = s;
   }
+}
+
+// The paged attention kernel (paged_attention.cu) for every (row, head) block, run by its
+// own helpers: each of the kPagedWarps warps walks its positions with paged_row_offset
+// and its OnlineSoftmax (the lanes' partial dots summed in the kernel's butterfly order),
+// then the block combines the warps. Pools contiguous [num_blocks, n_kv_heads,
+// block_size, head_dim]; q, out [rows, n_heads, head_dim]; values as floats.
+void cpk_paged_attention_emulated(const float* q, const float* k_pool, const float* v_pool, const int32_t* tables,
+                                  const int32_t* lens, int rows, int n_heads, int n_kv_heads, int head_dim,
+                                  int num_blocks, int block_size, int table_cols, int window, float* out) {
+  const int D = head_dim;
+  const long long s_slot = D, s_head = static_cast<long long>(block_size) * D, s_block = n_kv_heads * s_head;
+  const float qscale = kLog2e / __builtin_sqrtf(static_cast<float>(D));
+  for (int row = 0; row < rows; ++row)
+    for (int h = 0; h < n_heads; ++h) {
+      const int hk = h / (n_heads / n_kv_heads);
+      const float* qr = q + (static_cast<long long>(row) * n_heads + h) * D;
+      const PagedSpan span = paged_span(lens[row], window, table_cols * block_size);
+      const int32_t* table = tables + static_cast<long long>(row) * table_cols;
+      float m[kPagedWarps], l[kPagedWarps];
+      std::vector<float> acc(static_cast<size_t>(kPagedWarps) * D, 0.f);
+      for (int w = 0; w < kPagedWarps; ++w) {
+        OnlineSoftmax sm;
+        sm.init();
+        for (int pos = span.first + w; pos < span.end; pos += kPagedWarps) {
+          const long long off = paged_row_offset(table, pos, block_size, num_blocks, hk, s_block, s_head, s_slot);
+          if (off < 0) continue;
+          float lane_part[32];
+          for (int lane = 0; lane < 32; ++lane) {
+            float p = 0.f;
+            for (int i = 0; i < kPagedMaxChunks; ++i) {
+              const int d = lane + 32 * i;
+              if (d < D) p = __builtin_fmaf(qr[d] * qscale, k_pool[off + d], p);
+            }
+            lane_part[lane] = p;
+          }
+          for (int o = 16; o > 0; o >>= 1) {  // __shfl_xor_sync butterfly: every lane ends with the same sum
+            float next[32];
+            for (int lane = 0; lane < 32; ++lane) next[lane] = lane_part[lane] + lane_part[lane ^ o];
+            std::memcpy(lane_part, next, sizeof(next));
+          }
+          float rescale, weight;
+          sm.add(lane_part[0], &rescale, &weight);
+          for (int d = 0; d < D; ++d)
+            acc[w * D + d] = __builtin_fmaf(weight, v_pool[off + d], acc[w * D + d] * rescale);
+        }
+        m[w] = sm.m, l[w] = sm.l;
+      }
+      const float m_all = paged_combine_max(m, kPagedWarps);
+      float f[kPagedWarps], denom = 0.f;
+      for (int w = 0; w < kPagedWarps; ++w) {
+        f[w] = paged_combine_factor(m[w], m_all);
+        denom += f[w] * l[w];
+      }
+      const float inv = denom > 0.f ? 1.f / denom : 0.f;
+      float* o = out + (static_cast<long long>(row) * n_heads + h) * D;
+      for (int d = 0; d < D; ++d) {
+        float sum = 0.f;
+        for (int w = 0; w < kPagedWarps; ++w) sum = __builtin_fmaf(f[w], acc[w * D + d], sum);
+        o[d] = sum * inv;
+      }
+    }
 }
 
 }  // extern "C"

@@ -1,0 +1,85 @@
+// Paged decode attention (compress::paged_decode_attention): the __host__ __device__ parts
+// of the kernel in paged_attention.cu, so the host harness (tests/host_harness.cu) runs the
+// kernel's own addressing, online softmax and cross-warp combine on the CPU and
+// tests/csrc/test_cuda_host.py compares them with compress/ops/reference.py.
+//
+// One thread block per (row, query head), kPagedWarps warps: warp w takes the row's keys
+// first + w, first + w + kPagedWarps, ... (so consecutive keys of a block are read by
+// different warps at the same time); lane l holds head-dim elements l, l + 32, ... (up to
+// kPagedMaxChunks of them). Each warp keeps an online softmax (running max m, sum l, and
+// the weighted value sum) over its keys; the block then combines the warps' partials.
+// Scores are kept in base 2 (q pre-scaled by log2(e) / sqrt(D)), so each update is exp2.
+#pragma once
+
+#include <cstdint>
+
+#include "cpk_common.cuh"
+
+namespace cpk {
+
+constexpr int kPagedWarps = 4;
+constexpr int kPagedMaxChunks = 8;  // head_dim <= 32 * 8
+constexpr int kPagedMaxHeadDim = 32 * kPagedMaxChunks;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// The positions a row attends to: first .. end - 1 with end = its context length (clamped
+// to the table's capacity: an out-of-contract length reads nothing outside the table) and
+// first = end - window when 0 < window < end.
+struct PagedSpan {
+  int first, end;
+};
+CPK_HD PagedSpan paged_span(int context_len, int window, int capacity) {
+  const int end = context_len < 0 ? 0 : (context_len > capacity ? capacity : context_len);
+  return {window > 0 && end > window ? end - window : 0, end};
+}
+
+// Element offset of position `pos`'s row of kv head `hk` in a pool with strides (block,
+// head, slot), or -1 when the row's block table names no block of the pool there (out of
+// contract: the key is left out and no memory outside the pool is read).
+CPK_HD long long paged_row_offset(const int32_t* table_row, int pos, int block_size, int num_blocks, int hk,
+                                  long long s_block, long long s_head, long long s_slot) {
+  const int blk = table_row[pos / block_size];
+  if (blk < 0 || blk >= num_blocks) return -1;
+  return blk * s_block + hk * s_head + static_cast<long long>(pos % block_size) * s_slot;
+}
+
+CPK_HD float paged_exp2(float x) {
+#if defined(__CUDA_ARCH__)
+  return exp2f(x);
+#else
+  return __builtin_exp2f(x);
+#endif
+}
+
+// A warp's running softmax: max m (base-2 scores), sum l of 2^(s - m). add() takes one
+// score and returns (the factor to rescale the value sums by, the new key's weight).
+struct OnlineSoftmax {
+  float m, l;
+  CPK_HD void init() {
+    m = -__builtin_huge_valf();
+    l = 0.f;
+  }
+  CPK_HD void add(float s, float* rescale, float* weight) {
+    const float m_new = s > m ? s : m;
+    *rescale = paged_exp2(m - m_new);  // 0 for the first key (m = -inf)
+    *weight = paged_exp2(s - m_new);
+    l = l * *rescale + *weight;
+    m = m_new;
+  }
+};
+
+// Combine of the warps' partials: the largest max, and each warp's factor 2^(m_w - M)
+// (0 for a warp that saw no key); out[d] = sum_w f_w acc_w[d] / sum_w f_w l_w.
+CPK_HD float paged_combine_max(const float* m, int warps) {
+  float mx = -__builtin_huge_valf();
+  for (int w = 0; w < warps; ++w) mx = m[w] > mx ? m[w] : mx;
+  return mx;
+}
+CPK_HD float paged_combine_factor(float m_w, float m_all) {
+  return m_w == -__builtin_huge_valf() ? 0.f : paged_exp2(m_w - m_all);
+}
+
+// Launch geometry: grid (rows, query heads); the grid's y dimension holds up to 65535.
+constexpr int kPagedMaxHeads = 65535;
+
+}  // namespace cpk
