@@ -23,27 +23,36 @@ def _args(tmp_path, repo_root, *extra):
                          *extra])
 
 
-def test_bench_serve_against_a_running_server(tmp_path, repo_root, capsys):
-    with StubServer(token_delay=0.002, first_delay=0.005) as server:
-        args = _args(tmp_path, repo_root, "--url", f"stub={server.url}", "--concurrency", "1", "3")
+def test_bench_serve_against_running_servers(tmp_path, repo_root, capsys):
+    with StubServer(token_delay=0.002, first_delay=0.005) as a, StubServer(token_delay=0.002, first_delay=0.005) as b:
+        args = _args(tmp_path, repo_root, "--url", f"a={a.url}", "--url", f"b={b.url}", "--concurrency", "1", "3",
+                     "--rounds", "2")
         assert command.main(args) == 0
-        sent = server.received
+        sent_a, sent_b = a.received, b.received
     out = capsys.readouterr().out
     result = json.loads((tmp_path / "r.json").read_text())
     rows = result["rows"]
-    assert [(r["peer"], r["load"]) for r in rows] == [("stub", "c=1"), ("stub", "c=3")]
-    assert all(r["completed"] == 6 and r["failed"] == 0 and r["output_len_mismatches"] == 0 for r in rows)
-    # the warm-up, then the same 6 token-id prompts at each load (at c=3 in any order)
-    assert len(sent) == 13 and sorted(b["prompt"] for b in sent[1:7]) == sorted(b["prompt"] for b in sent[7:])
-    assert all(b["ignore_eos"] is True and b["model"] == "stub-model" for b in sent)
-    assert result["settings"]["num_prompts"] == 6 and result["settings"]["seed"] == 0
-    assert "| stub | random | c=3 | 6/0 |" in out
+    assert [(r["peer"], r["load"]) for r in rows] == [("a", "c=1"), ("b", "c=1"), ("a", "c=3"), ("b", "c=3")]
+    assert all(r["completed"] == 12 and r["failed"] == 0 and r["output_len_mismatches"] == 0 for r in rows)
+    assert all(len(r["rounds"]) == 2 for r in rows)
+    # the warm-up, then 2 loads x 2 rounds x 6 requests; both peers got the same prompts in
+    # each (load, round), and every (load, round) its own prompts
+    assert len(sent_a) == len(sent_b) == 1 + 24
+    runs_a = [sorted(x["prompt"] for x in sent_a[1 + 6 * i:7 + 6 * i]) for i in range(4)]
+    runs_b = [sorted(x["prompt"] for x in sent_b[1 + 6 * i:7 + 6 * i]) for i in range(4)]
+    assert runs_a == runs_b
+    assert len({json.dumps(r) for r in runs_a}) == 4
+    assert all(x["ignore_eos"] is True and x["model"] == "stub-model" for x in sent_a)
+    # interleaved: in round 2 of each load, b went first
+    assert sent_b[7]["at"] < sent_a[7]["at"] and sent_a[1]["at"] < sent_b[1]["at"]
+    assert result["settings"]["num_prompts"] == 6 and len(result["settings"]["workload_seeds"]) == 4
+    assert "| b | random | c=3 | 12/0 |" in out
 
     merged = tmp_path / "m.json"
     args = _args(tmp_path, repo_root, "--merge", str(tmp_path / "r.json"), str(tmp_path / "r.json"))
     args.out = str(merged)
     assert command.main(args) == 0
-    assert len(json.loads(merged.read_text())["rows"]) == 4
+    assert len(json.loads(merged.read_text())["rows"]) == 8
 
 
 def test_long_prompt_workload_reports_the_stall(tmp_path, repo_root, capsys):
@@ -53,7 +62,7 @@ def test_long_prompt_workload_reports_the_stall(tmp_path, repo_root, capsys):
                      "--long-after", "0.02")
         assert command.main(args) == 0
     row = json.loads((tmp_path / "r.json").read_text())["rows"][0]
-    assert row["load"] == "long-prompt" and row["completed"] == 3
+    assert row["load"] == "long-prompt" and row["completed"] == 3 and row["long_prompt"]["runs"] == 1
     assert row["long_prompt"]["long_prompt_tokens"] == 300 and row["long_prompt"]["gaps_during"] > 0
     assert "ITL p99 during ms" in capsys.readouterr().out
 

@@ -56,13 +56,16 @@ def test_long_prompt_stall():
         t += [t[-1] + 0.6] + [t[-1] + 0.6 + 0.05 * i for i in range(1, 10)]
         return _req(0.0, t, role="running")
     long = _req(1.0, [1.6, 1.65], role="long", prompt_len=2000)
-    s = long_prompt_stall([running(0.0), running(0.01), long])
+    s = long_prompt_stall([[running(0.0), running(0.01), long]])
     assert s["long_ttft_ms"] == pytest.approx(600)
     assert s["itl_median_outside_ms"] == pytest.approx(50)
     assert s["itl_max_during_ms"] == pytest.approx(600)
     assert s["gaps_during"] >= 2 and s["p99_during_over_median"] > 10
     assert s["running_at_first_token"] == 2
-    assert long_prompt_stall([running(0.0)]) is None
+    assert long_prompt_stall([[running(0.0)]]) is None
+    twice = long_prompt_stall([[running(0.0), running(0.01), long], [running(0.0), long]])
+    assert twice["runs"] == 2 and twice["gaps_during"] == s["gaps_during"] * 3 // 2
+    assert twice["running_at_first_token"] == 1
 
 
 def _row(peer, load, tok_s, ttft=100.0):
@@ -103,3 +106,15 @@ def test_a_stream_that_holds_tokens_back_is_flagged():
                                                                        "chunks_per_token": 1.0}]
     table = markdown_table(rows)
     assert "note: ours streamed as few as 0.12 chunks per generated token" in table and "note: llamacpp" not in table
+
+
+def test_rounds_pool_latencies_and_take_the_median_throughput():
+    from compress.bench.serve.report import summarize_rounds
+
+    rounds = [[_req(0.0, [0.1, 0.2])], [_req(10.0, [10.3, 10.4, 10.5])], [_req(20.0, [20.2, 20.4])]]
+    s = summarize_rounds(rounds)
+    assert s["completed"] == 3 and len(s["rounds"]) == 3
+    assert [r["output_throughput"] for r in s["rounds"]] == pytest.approx([10.0, 6.0, 5.0])
+    assert s["output_throughput"] == pytest.approx(6.0)            # the median round, not 7 / 30 s
+    assert s["ttft_ms"]["p50"] == pytest.approx(200)               # 100, 300, 200 pooled
+    assert summarize_rounds(rounds[:1])["output_throughput"] == summarize(rounds[0])["output_throughput"]

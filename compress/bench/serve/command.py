@@ -2,8 +2,9 @@
 [--workload random|shared-prefix|long-prompt] [--concurrency 1 4 16 | --rate R ...]
 --num-prompts N --seed S --out results.json``
 
-Starts each peer in turn, warms it up with one short request, sends it the same seeded
-workload at every load, stops it; then prints one table (TTFT / TPOT / ITL / E2E
+Starts every peer, warms each up with one short request, then sends each the same
+seeded workload at every load (fresh prompts per load and round, peers interleaved), and
+stops them; then prints one table (TTFT / TPOT / ITL / E2E
 p50/p90/p99, requests/s, output tokens/s, output throughput against ``ours-serial`` and
 ``llamacpp``) and writes every figure and setting as JSON. ``--merge`` reads earlier
 JSON files and prints their rows as one table (runs split to stay short)."""
@@ -16,6 +17,7 @@ import signal
 import sys
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from compress.bench.serve import peers as peers_mod
@@ -60,11 +62,11 @@ def _loads(args) -> list[tuple[str, dict]]:
     return [(f"c={c}", {"concurrency": c}) for c in args.concurrency]
 
 
-def _run_load(target: run.Target, requests, load: dict, args) -> list:
+def _run_load(target: run.Target, requests, load: dict, args, seed: int) -> list:
     if args.workload == "long-prompt":
         return asyncio.run(run.run_long_prompt(target, requests, args.long_after))
     if "rate" in load:
-        arrivals = workload.poisson_arrivals(len(requests), load["rate"], args.seed)
+        arrivals = workload.poisson_arrivals(len(requests), load["rate"], seed)
         return asyncio.run(run.run_arrivals(target, requests, arrivals, load["max_concurrency"]))
     return asyncio.run(run.run_concurrency(target, requests, load["concurrency"]))
 
@@ -105,56 +107,86 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)   # unwinds through the peers' `with`: their servers are stopped
 
 
+def _workload_seed(seed: int, load_index: int, round_index: int) -> int:
+    """Each load and round gets its own prompts (the same for every peer): a prompt
+    that a server saw in an earlier load could be answered from its prefix cache."""
+    return seed * 1_000_003 + load_index * 1_009 + round_index
+
+
+def _start_peers(stack: ExitStack, peer_list, peer_settings, log_dir: Path, args, log) -> list:
+    """Every peer started and warmed up: [(name, RunningPeer, Target)]."""
+    out = []
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    for name, url in peer_list:
+        peer = (peers_mod.RunningPeer(name, None, None, url) if url else
+                peers_mod.RunningPeer.from_settings(name, peer_settings, log_dir))
+        log(f"# {name}: starting {_describe(peer)}" + (f" (log {peer.log_path})" if peer.log_path else ""))
+        stack.enter_context(peer)
+        out.append((name, peer, run.Target(peer.base_url, run.served_model(peer.base_url, headers) or "default",
+                                           headers, extra_body=peer.body, timeout=args.request_timeout)))
+    return out
+
+
+def _describe(peer) -> str:
+    return (" ".join(peer.command) if peer.command else peer.base_url) + (
+        f"  (requests add {json.dumps(peer.body)})" if peer.body else "")
+
+
 def run_bench(args, log=print) -> dict:
+    """Start every peer; for each load, ``rounds`` times, send each peer the same fresh
+    workload in turn (the order reversed every other round, so that a drift of the
+    machine's speed falls on all peers alike); one row per peer and load."""
     settings = _settings(args)
     peer_list = _peer_list(args)
+    if args.rounds < 1:
+        raise UserError(f"--rounds {args.rounds}: must be at least 1")
     texts = workload.read_texts(args.text)
     encode = workload.local_encoder(args.model) if args.model else None
-    requests = None
-    if encode is not None:
-        requests = workload.build_workload(args.workload, workload.corpus_ids(texts, encode), args.num_prompts,
-                                           args.seed, settings)
     gguf = _gguf_for(args, args.threads, log) if any(n == "llamacpp" and u is None for n, u in peer_list) else None
     peer_settings = peers_mod.PeerSettings(model=args.model, threads=args.threads, slots=args.slots,
                                            ctx_per_slot=args.ctx_per_slot, gguf=gguf, ours_args=args.ours_arg,
                                            llamacpp_args=args.llamacpp_arg, llamacpp_dir=args.llamacpp_dir)
     log_dir = Path(args.log_dir) if args.log_dir else Path(args.out or "bench-serve.json").with_suffix(".logs")
-    rows, commands = [], {}
-    for name, url in peer_list:
-        peer = (peers_mod.RunningPeer(name, None, None, url) if url else
-                peers_mod.RunningPeer.from_settings(name, peer_settings, log_dir))
-        commands[name] = (" ".join(peer.command) if peer.command else url) + (
-            f"  (requests add {json.dumps(peer.body)})" if peer.body else "")
-        log(f"# {name}: starting {commands[name]}" + (f" (log {peer.log_path})" if peer.log_path else ""))
-        with peer:
-            headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-            target = run.Target(peer.base_url, run.served_model(peer.base_url, headers) or "default", headers,
-                                extra_body=peer.body, timeout=args.request_timeout)
-            if requests is None:   # no local tokenizer: the first server tokenizes, every peer gets its ids
-                requests = workload.build_workload(args.workload, workload.corpus_ids(texts, server_encoder(
-                    peer.base_url)), args.num_prompts, args.seed, settings)
-            warm = asyncio.run(run.warm_up(target, requests[0].prompt))
+    rows, seeds = [], []
+    with ExitStack() as stack:
+        peers = _start_peers(stack, peer_list, peer_settings, log_dir, args, log)
+        # no local tokenizer: the first server tokenizes, and every peer gets those ids
+        corpus = workload.corpus_ids(texts, encode or server_encoder(peers[0][2].base_url))
+        warm_prompt = tuple(corpus[-16:])   # not a prefix of any workload prompt but by chance
+        for name, peer, target in peers:
+            warm = asyncio.run(run.warm_up(target, warm_prompt))
             if not warm.ok:
                 raise peers_mod.PeerError(f"peer {name}: the warm-up request failed: {warm.error}"
                                           + (f" (log {peer.log_path})" if peer.log_path else ""))
-            for label, load in _loads(args):
-                t0 = time.perf_counter()
-                results = _run_load(target, requests, load, args)
-                row = {"peer": name, "workload": args.workload, "load": label, **load, **report.summarize(results)}
+        for load_index, (label, load) in enumerate(_loads(args)):
+            results = {name: [] for name, _, _ in peers}
+            for round_index in range(args.rounds):
+                seed = _workload_seed(args.seed, load_index, round_index)
+                seeds.append(seed)
+                requests = workload.build_workload(args.workload, corpus, args.num_prompts, seed, settings)
+                order = peers if round_index % 2 == 0 else peers[::-1]
+                for name, _, target in order:
+                    t0 = time.perf_counter()
+                    got = _run_load(target, requests, load, args, seed)
+                    results[name].append(got)
+                    s = report.summarize(got)
+                    log(f"# {name} {label} round {round_index + 1}/{args.rounds}: {s['completed']} ok, "
+                        f"{s['failed']} failed, {s['output_throughput']:.1f} output tok/s, TTFT p50 "
+                        f"{s['ttft_ms']['p50']:.0f} ms ({time.perf_counter() - t0:.0f} s)")
+                    for err in s["errors"]:
+                        log(f"#   error: {err}")
+            for name, _, _ in peers:
+                row = {"peer": name, "workload": args.workload, "load": label, **load,
+                       **report.summarize_rounds(results[name])}
                 if args.workload == "long-prompt":
-                    row["long_prompt"] = report.long_prompt_stall(results)
+                    row["long_prompt"] = report.long_prompt_stall(results[name])
                 rows.append(row)
-                log(f"# {name} {label}: {row['completed']} ok, {row['failed']} failed, "
-                    f"{row['output_throughput']:.1f} output tok/s, TTFT p50 {row['ttft_ms']['p50']:.0f} ms "
-                    f"({time.perf_counter() - t0:.0f} s)")
-                for err in row["errors"]:
-                    log(f"#   error: {err}")
+        commands = {name: _describe(peer) for name, peer, _ in peers}
     report.add_ratios(rows)
-    lengths = [len(r.prompt) for r in requests or []]
     return {"rows": rows,
             "settings": {"model": args.model, "hf": args.hf, "gguf": gguf, "threads": args.threads,
-                         "workload": args.workload, "num_prompts": len(requests or []), "seed": args.seed,
-                         "prompt_tokens_total": sum(lengths), "workload_settings": vars(settings),
+                         "workload": args.workload, "num_prompts": args.num_prompts, "rounds": args.rounds,
+                         "seed": args.seed, "workload_seeds": seeds, "workload_settings": vars(settings),
                          "text": [str(t) for t in (args.text or workload.DEFAULT_TEXT_FILES)],
                          "slots": args.slots, "ctx_per_slot": args.ctx_per_slot, "peer_commands": commands,
                          "argv": sys.argv[1:]},
@@ -219,7 +251,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                             "--concurrency)")
     p.add_argument("--max-concurrency", type=int, help="with --rate: at most this many in flight")
     p.add_argument("--num-prompts", type=int, default=64, help="requests per load (random, shared-prefix)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the workloads (each load and round draws its "
+                                                        "own prompts from it, the same for every peer)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="runs of each load per peer, interleaved between the peers; latencies pooled, "
+                        "throughput the median run's")
     p.add_argument("--out", help="results JSON")
     p.add_argument("--threads", type=int, default=2, help="threads of every peer")
     p.add_argument("--text", nargs="+", help="prompt text files (default: the repository's data/pydoc text)")

@@ -73,30 +73,52 @@ def summarize(results: Sequence[RequestResult]) -> dict:
     return summary
 
 
-def long_prompt_stall(results: Sequence[RequestResult]) -> dict | None:
+THROUGHPUTS = ("request_throughput", "output_throughput", "total_token_throughput")
+
+
+def summarize_rounds(rounds: Sequence[Sequence[RequestResult]]) -> dict:
+    """Several runs of the same load: latencies over all their requests pooled,
+    throughputs the median of the runs' (each run's own in ``rounds``)."""
+    per_round = [summarize(r) for r in rounds]
+    out = summarize([r for run in rounds for r in run])
+    for key in THROUGHPUTS:
+        out[key] = percentile([s[key] for s in per_round], 50)
+    out["duration_s"] = sum(s["duration_s"] for s in per_round)
+    out["rounds"] = [{k: s[k] for k in ("duration_s", "completed", "failed", *THROUGHPUTS)} for s in per_round]
+    return out
+
+
+def long_prompt_stall(rounds: Sequence[Sequence[RequestResult]]) -> dict | None:
     """The running requests' inter-token gaps while the long prompt was prefilled (the
     gaps that overlap the window from its issue to its first token), beside their
-    median gap outside that window; None when the long request or the running ones
-    failed."""
-    longs = [r for r in results if r.role == "long" and r.ok and r.token_times]
-    running = [r for r in results if r.role == "running" and r.ok and r.token_times]
-    if not longs or not running:
+    median gap outside that window, pooled over ``rounds`` (runs of the scenario);
+    None when no run had a long request and running ones that streamed tokens."""
+    during, outside, long_ttfts, windows, still_running = [], [], [], [], []
+    for results in rounds:
+        longs = [r for r in results if r.role == "long" and r.ok and r.token_times]
+        running = [r for r in results if r.role == "running" and r.ok and r.token_times]
+        if not longs or not running:
+            continue
+        long = longs[0]
+        lo, hi = long.issued, long.token_times[0]
+        long_ttfts.append(long.ttft)
+        windows.append(hi - lo)
+        still_running.append(sum(1 for r in running if r.token_times[-1] > hi))
+        for r in running:
+            for a, b in zip(r.token_times, r.token_times[1:]):
+                (during if b > lo and a < hi else outside).append(b - a)
+    if not long_ttfts:
         return None
-    long = longs[0]
-    lo, hi = long.issued, long.token_times[0]
-    during, outside = [], []
-    for r in running:
-        for a, b in zip(r.token_times, r.token_times[1:]):
-            (during if b > lo and a < hi else outside).append(b - a)
     median_outside = percentile(outside, 50)
     p99_during = percentile(during, 99)
-    return {"long_prompt_tokens": long.prompt_len, "long_ttft_ms": long.ttft * 1e3,
-            "window_ms": (hi - lo) * 1e3, "gaps_during": len(during), "gaps_outside": len(outside),
+    return {"long_prompt_tokens": longs[0].prompt_len, "runs": len(long_ttfts),
+            "long_ttft_ms": percentile(long_ttfts, 50) * 1e3, "window_ms": percentile(windows, 50) * 1e3,
+            "gaps_during": len(during), "gaps_outside": len(outside),
             "itl_median_outside_ms": median_outside * 1e3, "itl_p50_during_ms": percentile(during, 50) * 1e3,
             "itl_p99_during_ms": p99_during * 1e3, "itl_max_during_ms": max(during, default=math.nan) * 1e3,
             "p99_during_over_median": p99_during / median_outside if median_outside > 0 else math.nan,
-            # running requests still decoding when the long prompt's first token came
-            "running_at_first_token": sum(1 for r in running if r.token_times[-1] > hi)}
+            # running requests still decoding when the long prompt's first token came (fewest of the runs)
+            "running_at_first_token": min(still_running)}
 
 
 def _ratio(a: float, b: float) -> float | None:
