@@ -106,3 +106,10 @@ def test_peer_table(tmp_path):
     assert ours.base_url != serial.base_url and ours.log_path == tmp_path / "ours.log"
     with pytest.raises(PeerError, match="no GGUF"):
         RunningPeer.from_settings("llamacpp", s, tmp_path)
+
+
+def test_server_tokenizes_when_the_model_has_no_tokenizer():
+    with StubServer() as server:
+        assert command.server_encoder(server.url)("ab c defg") == [2, 1, 4]
+    with pytest.raises(Exception, match="did not tokenize"):
+        command.server_encoder("http://127.0.0.1:9")("x")
