@@ -133,9 +133,9 @@ def _plots_section(plots) -> list[str]:
         return []
     lines = ["", "## Plots", ""]
     lines += [f"![{title}]({file})" + "\n" for file, title in plots.written]
-    lines += [f"- {note}" for note in plots.notes]
     if plots.written:
-        lines.append("Pareto front (red): the stages that no other stage beats on both size and the figure.")
+        lines += ["Pareto front (red): the stages that no other stage beats on both size and the figure.", ""]
+    lines += [f"- {note}" for note in plots.notes]
     return lines
 
 
