@@ -31,6 +31,12 @@ log = logging.getLogger(__name__)
 RATE_WINDOW_S = 10.0     # the generation rate /metrics reports is over this many seconds
 
 
+def _describe(exc: BaseException, limit: int = 300) -> str:
+    """One short line for an error body (an exception's text can hold whole tensors)."""
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
 @dataclass
 class Progress:
     """What one request gained in one step."""
@@ -143,7 +149,7 @@ class EngineLoop:
         except BaseException as exc:   # the loop must not die silently: fail what is in flight
             log.exception("engine loop crashed")
             self.error = exc
-            self._fail_all(f"engine failure: {exc}", 500)
+            self._fail_all(f"engine failure: {_describe(exc)}", 500)
         finally:
             self._stopped.set()
             self._publish()
@@ -158,7 +164,7 @@ class EngineLoop:
                 sink(Failure(rid, str(exc), 400))
             except Exception as exc:   # noqa: BLE001 - answered as a 500, the loop goes on
                 log.exception("add_request %s failed", rid)
-                sink(Failure(rid, f"{type(exc).__name__}: {exc}", 500))
+                sink(Failure(rid, _describe(exc), 500))
             else:
                 self._live[rid] = _Live(sink, logprobs)
         elif kind == "abort":
@@ -172,7 +178,7 @@ class EngineLoop:
                 sink(ScoreResult(rid, prompt_logprobs(logits, prompt_ids, top_k)))
             except Exception as exc:   # noqa: BLE001
                 log.exception("scoring %s failed", rid)
-                sink(Failure(rid, f"{type(exc).__name__}: {exc}", 500))
+                sink(Failure(rid, _describe(exc), 500))
         elif kind == "stop":
             self._fail_all("the server is shutting down", 503)
             return False
@@ -183,7 +189,7 @@ class EngineLoop:
             outputs = self.engine.step()
         except Exception as exc:   # noqa: BLE001 - every request in flight is failed, the loop goes on
             log.exception("engine step failed")
-            self._fail_all(f"engine step failed: {type(exc).__name__}: {exc}", 500)
+            self._fail_all(f"engine step failed: {_describe(exc)}", 500)
             return
         new_tokens = 0
         for out in outputs:

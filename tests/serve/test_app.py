@@ -325,3 +325,20 @@ def test_concurrent_requests_are_batched(server):
     assert len(set(results.values())) == 1 and len(results) == 6
     assert wait_idle(server)["kv_blocks_used"] == 0
 
+
+
+def test_a_failing_engine_step_is_a_500_and_the_server_goes_on(server, monkeypatch):
+    engine = server.state.engine_loop.engine
+    step = engine.step
+
+    def failing_step():
+        monkeypatch.setattr(engine, "step", step)        # fail once
+        raise RuntimeError("kernel exploded " + "x" * 5000)
+
+    monkeypatch.setattr(engine, "step", failing_step)
+    r = requests.post(server.url + "/v1/completions", json={"prompt": "a", "max_tokens": 4})
+    assert r.status_code == 500, r.text
+    message = r.json()["error"]["message"]
+    assert "kernel exploded" in message and len(message) < 400
+    assert wait_idle(server)["kv_blocks_used"] == 0
+    assert requests.post(server.url + "/v1/completions", json={"prompt": "a", "max_tokens": 4}).status_code == 200
