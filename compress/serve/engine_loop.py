@@ -118,9 +118,14 @@ class EngineLoop:
     def score(self, request_id: str, prompt_ids: list[int], top_k: int, sink) -> None:
         self._commands.put(("score", request_id, prompt_ids, top_k, sink))
 
-    def stop(self, timeout: float | None = 10.0) -> None:
-        """Abort whatever is still in flight (each gets a 503) and end the thread."""
+    def request_stop(self) -> None:
+        """Ask the thread to abort whatever is still in flight (each gets a 503) and end;
+        returns at once."""
         self._commands.put(("stop",))
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """:meth:`request_stop`, then wait for the thread to end."""
+        self.request_stop()
         if self._thread.is_alive():
             self._thread.join(timeout)
 

@@ -15,6 +15,9 @@ from compress.serve.engine_loop import AsyncSink, Failure, Progress, ScoreResult
 from compress.serve.protocol import APIError
 
 
+FAILURE_CODES = {400: "invalid_prompt", 500: "engine_error", 503: "server_shutting_down"}
+
+
 class ClientGone(Exception):
     """The HTTP client disconnected before its answer was complete."""
 
@@ -81,7 +84,8 @@ class Generation:
                 self.running.discard(item.request_id)
                 raise APIError(item.message, status=item.status,
                                type="invalid_request_error" if item.status == 400 else "server_error",
-                               param="prompt" if item.status == 400 else None)
+                               param="prompt" if item.status == 400 else None,
+                               code=FAILURE_CODES.get(item.status))
             if isinstance(item, Progress) and item.finished:
                 self.running.discard(item.request_id)
             return index, item

@@ -1,9 +1,12 @@
 """Running the server: the model, the engine thread, uvicorn, and a clean SIGTERM.
 
 :func:`serve` is what ``compress serve`` runs in the foreground. SIGTERM (or Ctrl-C)
-makes uvicorn stop accepting connections and wait up to ``shutdown_grace`` seconds for
-the requests in flight to finish; those still running then are cancelled (each aborts
-its sequences), the engine thread is stopped, and the process exits 0.
+makes uvicorn stop accepting connections; the requests in flight get ``shutdown_grace``
+seconds to finish (new requests on open connections get 503). Then the engine thread is
+stopped, which aborts every sequence still running and answers its request as an
+OpenAI-style 503 (a stream gets an error event and ``[DONE]``), so every client hears why;
+uvicorn cancels whatever is still open a few seconds later (a backstop), and the process
+exits 0.
 
 :class:`ServerThread` runs the same application on a thread of the calling process on a
 socket it has already bound (port 0: any free port), for tests and scripts.
@@ -37,15 +40,36 @@ def make_app(llm, config: ServeConfig):
     return build_app(state, on_shutdown=engine_loop.stop), state
 
 
+BACKSTOP_S = 5.0    # after the grace period and the engine's aborts, uvicorn cancels what is left
+
+
 def _uvicorn_config(app, host: str, port: int, shutdown_grace: float, log_level: str) -> uvicorn.Config:
     return uvicorn.Config(app, host=host, port=port, lifespan="on", log_level=log_level,
-                          timeout_graceful_shutdown=shutdown_grace, access_log=log_level == "debug")
+                          timeout_graceful_shutdown=shutdown_grace + BACKSTOP_S,
+                          access_log=log_level == "debug")
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server whose shutdown first drains: new requests are refused, and after
+    ``shutdown_grace`` seconds the engine thread aborts what is still running."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState, shutdown_grace: float):
+        super().__init__(config)
+        self.state, self.shutdown_grace = state, shutdown_grace
+
+    async def shutdown(self, sockets=None) -> None:
+        self.state.draining = True
+        timer = asyncio.get_running_loop().call_later(self.shutdown_grace, self.state.engine_loop.request_stop)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
 
 
 def serve(llm, config: ServeConfig, host: str = "127.0.0.1", port: int = 8000,
           shutdown_grace: float = 30.0, log_level: str = "info") -> int:
     app, state = make_app(llm, config)
-    server = uvicorn.Server(_uvicorn_config(app, host, port, shutdown_grace, log_level))
+    server = DrainingServer(_uvicorn_config(app, host, port, shutdown_grace, log_level), state, shutdown_grace)
     # uvicorn re-raises the signal that stopped it once it has shut down; with the default
     # handler that would end the process "killed by SIGTERM". Ours makes that a no-op, so a
     # drained server exits 0.
@@ -74,7 +98,8 @@ class ServerThread:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.host, self.port = self.sock.getsockname()[:2]
-        self.server = uvicorn.Server(_uvicorn_config(self.app, host, self.port, shutdown_grace, log_level))
+        self.server = DrainingServer(_uvicorn_config(self.app, host, self.port, shutdown_grace, log_level),
+                                     self.state, shutdown_grace)
         self._thread = threading.Thread(target=self._run, name="compress-serve-http", daemon=True)
 
     @property

@@ -37,6 +37,30 @@ def test_bad_options_are_one_line_errors(tmp_path):
     assert main(["serve", "--max-queue", "-1"]) == 2
 
 
+def test_stopping_aborts_what_outlives_the_grace_period(embedded_llm, monkeypatch):
+    """In process: a stream still running at the end of the grace period gets the 503
+    error event and [DONE], its blocks are freed, and the engine thread ends."""
+    from compress.serve.server import ServerThread
+    from compress.serve.state import ServeConfig
+
+    srv = ServerThread(embedded_llm, ServeConfig(model_name="m"), shutdown_grace=0.5).start()
+    engine = srv.state.engine_loop.engine
+    step = engine.step
+    monkeypatch.setattr(engine, "step", lambda: (time.sleep(0.02), step())[1])
+    lines = []
+    with requests.post(srv.url + "/v1/completions", json={"prompt": "a", "max_tokens": 900, "ignore_eos": True,
+                                                          "stream": True}, stream=True, timeout=30) as r:
+        it = r.iter_lines()
+        lines.append(next(it))
+        stopper = threading.Thread(target=srv.stop)
+        stopper.start()
+        lines.extend(line for line in it if line)
+    stopper.join(30)
+    assert lines[-1] == b"data: [DONE]"
+    assert json.loads(lines[-2][6:])["error"]["code"] == "server_shutting_down"
+    assert not srv.state.engine_loop.alive and engine.stats()["kv_blocks_used"] == 0
+
+
 @pytest.mark.slow
 def test_sigterm_drains_then_aborts_and_exits_zero(tmp_path):
     port = free_port()
@@ -87,10 +111,12 @@ def test_sigterm_drains_then_aborts_and_exits_zero(tmp_path):
         elapsed = time.monotonic() - t0
         for t in threads:
             t.join(10)
-        assert events["short"][-1] == b"data: [DONE]"            # finished within the grace period
-        assert events["long"][-1] != b"data: [DONE]"             # cut at the end of it
-        done = [json.loads(e[6:]) for e in events["long"] if e.startswith(b"data: {")]
-        assert sum(1 for d in done for c in d["choices"] if c["finish_reason"]) < 40
+        short = [json.loads(e[6:]) for e in events["short"][:-1]]
+        assert events["short"][-1] == b"data: [DONE]" and short[-1]["choices"][0]["finish_reason"] == "length"
+        long = [json.loads(e[6:]) for e in events["long"][:-1]]          # aborted at the end of the grace
+        assert events["long"][-1] == b"data: [DONE]"
+        assert long[-1]["error"]["code"] == "server_shutting_down"
+        assert sum(1 for d in long for c in d.get("choices", []) if c["finish_reason"]) < 40
         assert elapsed < 30
         with pytest.raises(requests.ConnectionError):
             requests.get(url + "/health", timeout=1)
