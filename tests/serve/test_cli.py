@@ -61,6 +61,22 @@ def test_stopping_aborts_what_outlives_the_grace_period(embedded_llm, monkeypatc
     assert not srv.state.engine_loop.alive and engine.stats()["kv_blocks_used"] == 0
 
 
+def test_runtime_options_are_checked_against_the_llm():
+    from argparse import Namespace
+
+    from compress.errors import UserError
+    from compress.serve.cli import llm_kwargs
+
+    class OldLLM:
+        def __init__(self, path, threads=None, max_batch_size=32):
+            pass
+
+    assert llm_kwargs(Namespace(threads=2, max_num_seqs=8, block_size=None), OldLLM) == {
+        "threads": 2, "max_batch_size": 8}
+    with pytest.raises(UserError, match="--block-size"):
+        llm_kwargs(Namespace(block_size=4), OldLLM)
+
+
 @pytest.mark.slow
 def test_sigterm_drains_then_aborts_and_exits_zero(tmp_path):
     port = free_port()
