@@ -51,6 +51,10 @@ def _ours(s: PeerSettings, port: int, extra: list[str]) -> list[str]:
             "--threads", str(s.threads), *extra, *s.ours_args]
 
 
+# llama-server's flash attention (``-fa auto`` turns it on for the CPU) decoded one
+# request 4 to 10x slower with 16 slots of 2,048 tokens than without it (0.8-2.1 against
+# 8-9 tok/s, 345M Q4_0, 2 threads; with one slot both ran at 9-10 tok/s): the peer runs
+# without it, its faster setting here. Override with --llamacpp-arg.
 def _llamacpp(s: PeerSettings, port: int) -> list[str]:
     from compress.bench.llamacpp import load_tools
 
@@ -62,7 +66,7 @@ def _llamacpp(s: PeerSettings, port: int) -> list[str]:
         raise PeerError("peer llamacpp: llama-server is not built: run `compress bench llamacpp`")
     return [server, "-m", s.gguf, "--host", "127.0.0.1", "--port", str(port), "-t", str(s.threads),
             "-tb", str(s.threads), "-np", str(s.slots), "-c", str(s.slots * s.ctx_per_slot), "--cont-batching",
-            "-b", "2048", "-ub", "512", "-fit", "off", "--no-webui", *s.llamacpp_args]
+            "-b", "2048", "-ub", "512", "-fa", "off", "-fit", "off", "--no-webui", *s.llamacpp_args]
 
 
 @dataclass(frozen=True)
