@@ -92,7 +92,9 @@ def add_arguments(p) -> None:
                         "seed runs every other arm")
     p.add_argument("--arms", default=",".join(FAMILIES),
                    help=f"families to run, comma-separated, of {', '.join(FAMILIES)} (the teacher always runs)")
-    p.add_argument("--threads", type=int, default=2, help="torch threads for pruning, training and evaluation")
+    p.add_argument("--threads", type=int, default=2,
+                   help="torch threads for pruning, training and evaluation (on a machine busy with other work, 1: "
+                        "two OpenMP threads that wait on each other ran distillation 5-10x slower there)")
     p.add_argument("--width-targets", default=",".join(f"{k}={v}" for k, v in WIDTH_TARGETS.items()),
                    help="prune targets of the width and random arms (and the scratch architecture)")
     p.add_argument("--heal-lr", type=float, default=HealSettings.heal_lr, help="peak lr of KD healing")

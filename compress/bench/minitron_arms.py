@@ -122,9 +122,9 @@ class HealSettings:
     differ between healing a pruned model and training from a random init."""
     seq_len: int = 256
     batch_size: int = 8
-    heal_lr: float = 1e-3
+    heal_lr: float = 3e-3                # best of 3e-4 / 1e-3 / 3e-3 / 1e-2 for width + KD at 250k tokens
     heal_weight_decay: float = 0.0
-    scratch_lr: float = 3e-3             # the teacher's own peak learning rate
+    scratch_lr: float = 3e-3             # the teacher's own; best of 1e-3 / 3e-3 / 1e-2 for scratch at 250k
     scratch_weight_decay: float = 0.1    # and weight decay (models/pydoc-llama/README.md)
     warmup: float = 0.05
     min_lr_ratio: float = 0.1
