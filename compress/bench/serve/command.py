@@ -4,10 +4,10 @@
 
 Starts every peer, warms each up with one short request, then sends each the same
 seeded workload at every load (fresh prompts per load and round, peers interleaved), and
-stops them; then prints one table (TTFT / TPOT / ITL / E2E
-p50/p90/p99, requests/s, output tokens/s, output throughput against ``ours-serial`` and
-``llamacpp``) and writes every figure and setting as JSON. ``--merge`` reads earlier
-JSON files and prints their rows as one table (runs split to stay short)."""
+stops them; then prints one table (TTFT / TPOT / ITL / E2E p50/p90/p99, requests/s,
+output tokens/s, output throughput against ``ours-serial`` and ``llamacpp``) and writes
+every figure and setting as JSON. ``--merge`` reads earlier JSON files and prints their
+rows as one table (runs split to stay short)."""
 from __future__ import annotations
 
 import argparse
@@ -118,7 +118,9 @@ def _start_peers(stack: ExitStack, peer_list, peer_settings, log_dir: Path, args
     out = []
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     for name, url in peer_list:
-        peer = (peers_mod.RunningPeer(name, None, None, url) if url else
+        # a running server named like a peer kind (e.g. ours) gets that kind's request fields
+        known = peers_mod.PEERS.get(name)
+        peer = (peers_mod.RunningPeer(name, None, None, url, known.body if known else None) if url else
                 peers_mod.RunningPeer.from_settings(name, peer_settings, log_dir))
         log(f"# {name}: starting {_describe(peer)}" + (f" (log {peer.log_path})" if peer.log_path else ""))
         stack.enter_context(peer)
