@@ -53,6 +53,8 @@ class World:
             return cls(dist.get_rank(), dist.get_world_size())
         if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
             return cls.single()
+        if torch.cuda.is_available():       # FSDP2 and nccl work on the current device: this rank's
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
         return cls(dist.get_rank(), dist.get_world_size())
 
