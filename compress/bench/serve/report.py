@@ -125,9 +125,12 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b and not math.isnan(a) and not math.isnan(b) else None
 
 
-def add_ratios(rows: list[dict], baselines: Iterable[str] = ("ours-serial", "llamacpp")) -> None:
-    """For every row, ``vs_<baseline>``: its output-token throughput and its TTFT / TPOT
-    p50 divided by the baseline peer's at the same load (concurrency or rate)."""
+BASELINES = ("ours-serial", "llamacpp", "ours-no-prefix-cache", "ours-no-chunking")
+
+
+def add_ratios(rows: list[dict], baselines: Iterable[str] = BASELINES) -> None:
+    """For every row, ``vs_<baseline>``: its output-token throughput, its mean TTFT and
+    its TTFT / TPOT p50 divided by the baseline peer's at the same load."""
     for base in baselines:
         by_load = {(r["load"], r["workload"]): r for r in rows if r["peer"] == base}
         for r in rows:
@@ -135,6 +138,7 @@ def add_ratios(rows: list[dict], baselines: Iterable[str] = ("ours-serial", "lla
             if b is None:
                 continue
             r[f"vs_{base}"] = {"output_throughput": _ratio(r["output_throughput"], b["output_throughput"]),
+                               "ttft_mean": _ratio(r["ttft_ms"]["mean"], b["ttft_ms"]["mean"]),
                                "ttft_p50": _ratio(r["ttft_ms"]["p50"], b["ttft_ms"]["p50"]),
                                "tpot_p50": _ratio(r["tpot_ms"]["p50"], b["tpot_ms"]["p50"])}
 
@@ -149,20 +153,22 @@ def _pcts(d: dict) -> str:
     return "/".join(_fmt(d[f"p{q}"]) for q in PERCENTILES)
 
 
-def markdown_table(rows: Sequence[dict], baselines: Sequence[str] = ("ours-serial", "llamacpp")) -> str:
+def markdown_table(rows: Sequence[dict], baselines: Sequence[str] = BASELINES) -> str:
     """One line per peer and load: latency percentiles (ms, p50/p90/p99), throughput,
-    and the throughput ratio against each baseline present."""
+    and against each baseline present the ratios of output throughput and of mean TTFT
+    (``-`` where the baseline has no row at that load)."""
     present = [b for b in baselines if any(r["peer"] == b for r in rows)]
     head = (["peer", "workload", "load", "ok/fail", "TTFT ms", "TPOT ms", "ITL ms", "E2E ms", "req/s", "out tok/s"]
-            + [f"out tok/s vs {b}" for b in present])
+            + [f"vs {b}: out tok/s, TTFT mean" for b in present])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["peer"], r["workload"], r["load"], f"{r['completed']}/{r['failed']}", _pcts(r["ttft_ms"]),
                  _pcts(r["tpot_ms"]), _pcts(r["itl_ms"]), _pcts(r["e2e_ms"]), _fmt(r["request_throughput"], 2),
                  _fmt(r["output_throughput"], 1)]
         for b in present:
-            v = (r.get(f"vs_{b}") or {}).get("output_throughput")
-            cells.append("-" if v is None else f"{v:.2f}x")
+            ratios = r.get(f"vs_{b}") or {}
+            cells.append(", ".join("-" if ratios.get(k) is None else f"{ratios[k]:.2f}x"
+                                   for k in ("output_throughput", "ttft_mean")))
         lines.append("| " + " | ".join(cells) + " |")
     flagged = dict.fromkeys(r["peer"] for r in rows if r.get("chunks_per_token", 1.0) < CHUNKS_PER_TOKEN_OK)
     if flagged:
