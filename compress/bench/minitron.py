@@ -221,11 +221,13 @@ class Experiment:
         self.log(f"{arm.name}: start (load average {os.getloadavg()[0]:.1f})")
         row = {"name": arm.name, "family": arm.family, "heal": arm.heal, "tokens": arm.tokens, "seed": arm.seed,
                "start": arm.start}
-        load_before = os.getloadavg()[0]
+        load_before, started = os.getloadavg()[0], time.time()
         if "recipe" in plan:
             row.update(self.run_recipe(arm, plan["recipe"]))
         elif "scratch_init" in plan:
             write_scratch_init(self.teacher, path, self.width_targets, arm.seed)
+        # wall-clock span of the arm's model work (to line up with other events on a shared machine)
+        row["ran"] = [started, time.time()]
         row["loadavg"] = [load_before, os.getloadavg()[0]] if arm.trained else None
         row.update(self.evaluate(path, arm.name))
         atomic_write_text(record, json.dumps({"key": key, "plan": plan, "row": row}, indent=2) + "\n")
