@@ -1,10 +1,11 @@
 """``compress bench minitron``: does importance pruning + KD healing beat random pruning
 and training from scratch? (issue 22's experiment)
 
-On the embedded model (the teacher; ``--teacher``), our own ``method: prune`` cuts it to
-about half its parameters three ways -- ``width`` (hidden / MLP / heads by calibrated
-importance, ``--width-targets``), ``depth`` (6 -> 3 blocks by Block Importance) and
-``random`` (seeded indices of the width shape) -- and ``method: distill`` heals each with
+On the embedded model (the teacher; ``--teacher``), our own ``method: prune`` cuts it
+three ways -- ``width`` (hidden / MLP / heads by calibrated importance,
+``--width-targets``; 51% of the parameters by default), ``depth`` (6 -> ``--depth-layers``
+3 blocks by Block Importance: 65%, the embedding and head staying whole) and ``random``
+(seeded indices of the width shape) -- and ``method: distill`` heals each with
 ``--tokens`` tokens of logit KD (forward KL, T = 1) from the teacher. The ``scratch``
 arms train a random init of the width architecture on the same tokens, with CE and with
 KD from the teacher. Every model is exported and then scored by the runtime on the eval
@@ -34,8 +35,8 @@ from pathlib import Path
 
 import torch
 
-from compress.bench.minitron_arms import (FAMILIES, WIDTH_TARGETS, Arm, HealSettings, heal_recipe, plan_arms,
-                                          prune_recipe)
+from compress.bench.minitron_arms import (DEPTH_LAYERS, FAMILIES, WIDTH_TARGETS, Arm, HealSettings, heal_recipe,
+                                          plan_arms, prune_recipe)
 from compress.bench.minitron_results import add_recovery, goals, markdown, seed_summary
 from compress.errors import UserError
 from compress.io.files import atomic_write_text
@@ -97,6 +98,7 @@ def add_arguments(p) -> None:
                         "two OpenMP threads that wait on each other ran distillation 5-10x slower there)")
     p.add_argument("--width-targets", default=",".join(f"{k}={v}" for k, v in WIDTH_TARGETS.items()),
                    help="prune targets of the width and random arms (and the scratch architecture)")
+    p.add_argument("--depth-layers", type=int, default=DEPTH_LAYERS, help="blocks the depth arm keeps")
     p.add_argument("--heal-lr", type=float, default=HealSettings.heal_lr, help="peak lr of KD healing")
     p.add_argument("--scratch-lr", type=float, default=HealSettings.scratch_lr, help="peak lr of the scratch arms")
     p.add_argument("--batch-size", type=int, default=HealSettings.batch_size, help="256-token windows per step")
@@ -118,9 +120,9 @@ def main(args) -> int:
         arms = plan_arms(families, tokens, seeds)
     except ValueError as exc:
         raise MinitronSettingsError(f"compress bench minitron: {exc}") from None
-    if args.threads < 1 or args.kl_windows < 1 or args.batch_size < 1 or args.calib_samples < 1:
-        raise MinitronSettingsError("compress bench minitron: --threads, --kl-windows, --batch-size and "
-                                    "--calib-samples must be at least 1")
+    if min(args.threads, args.kl_windows, args.batch_size, args.calib_samples, args.depth_layers) < 1:
+        raise MinitronSettingsError("compress bench minitron: --threads, --kl-windows, --batch-size, "
+                                    "--calib-samples and --depth-layers must be at least 1")
     teacher = Path(args.teacher).resolve()
     if not (teacher / "config.json").is_file():
         raise MinitronSettingsError(f"--teacher {teacher}: not a model directory (no config.json)")
@@ -133,7 +135,8 @@ def main(args) -> int:
         texts[option] = None if value is None else str(Path(value).resolve())
     exp = Experiment(Path(args.out).resolve(), teacher, parse_targets(args.width_targets),
                      HealSettings(batch_size=args.batch_size, heal_lr=args.heal_lr, scratch_lr=args.scratch_lr),
-                     args.threads, args.kl_windows, args.calib_samples, args.progress, **texts)
+                     args.threads, args.kl_windows, args.calib_samples, args.progress, depth_layers=args.depth_layers,
+                     **texts)
     t0 = time.perf_counter()
     rows = [exp.run(arm) for arm in arms]
     result = summarize(rows, exp.settings(), time.perf_counter() - t0)
@@ -152,7 +155,8 @@ def summarize(rows: list[dict], settings: dict, seconds: float) -> dict:
     summary, goal_lines = seed_summary(rows), goals(rows)
     notes = [f"teacher {settings['teacher']}; eval text {settings['eval_text']} ({EVAL_SEQ_LEN}-token windows, "
              f"never trained on); KL / top-1 over its first {settings['kl_windows']} windows",
-             f"width targets {settings['width_targets']}; depth 6 -> 3 blocks (Block Importance); random: seeded "
+             f"width targets {settings['width_targets']}; depth: {settings['depth_layers']} blocks kept (Block "
+             f"Importance); random: seeded "
              f"indices of the width shape; scratch: a random init of the width architecture",
              f"training: batch {settings['heal']['batch_size']} x {settings['heal']['seq_len']} tokens, AdamW, "
              f"warmup {settings['heal']['warmup']} then cosine to {settings['heal']['min_lr_ratio']}x; KD heal lr "
@@ -172,9 +176,10 @@ class Experiment:
 
     def __init__(self, out: Path, teacher: Path, width_targets: dict, heal: HealSettings, threads: int,
                  kl_windows: int, calib_samples: int, progress: bool, eval_text: str = str(EVAL_TEXT),
-                 calib_text: str = str(CALIB_TEXT), train_text: str | None = None):
+                 calib_text: str = str(CALIB_TEXT), train_text: str | None = None, depth_layers: int = DEPTH_LAYERS):
         self.out, self.teacher, self.width_targets, self.heal = out, teacher, width_targets, heal
         self.eval_text, self.calib_text, self.train_text = eval_text, calib_text, train_text
+        self.depth_layers = depth_layers
         self.threads, self.kl_windows, self.calib_samples, self.progress = threads, kl_windows, calib_samples, progress
         self.models = out / "models"
         self.keys: dict[str, str] = {}
@@ -185,8 +190,9 @@ class Experiment:
 
         return {"teacher": str(self.teacher), "eval_text": self.eval_text, "calib_text": self.calib_text,
                 "train_text": self.train_text or "distill's default (pydoc train split less calib/eval documents)",
-                "width_targets": self.width_targets, "heal": asdict(self.heal), "threads": self.threads,
-                "kl_windows": self.kl_windows, "calib_samples": self.calib_samples, "niceness": os.nice(0),
+                "width_targets": self.width_targets, "depth_layers": self.depth_layers, "heal": asdict(self.heal),
+                "threads": self.threads, "kl_windows": self.kl_windows, "calib_samples": self.calib_samples,
+                "niceness": os.nice(0),
                 "torch": torch.__version__, "cpus": os.cpu_count()}
 
     def log(self, message: str) -> None:
@@ -201,7 +207,7 @@ class Experiment:
             return {"scratch_init": {"targets": self.width_targets, "seed": arm.seed, "teacher": str(self.teacher)}}
         if arm.start is None:
             return {"recipe": prune_recipe(arm, str(self.teacher), str(self.models), self.calib_text,
-                                           self.width_targets, self.calib_samples)}
+                                           self.width_targets, self.calib_samples, self.depth_layers)}
         return {"recipe": heal_recipe(arm, str(self.models / arm.start), str(self.teacher), str(self.models),
                                       self.heal, self.train_text),
                 "start": self.keys[arm.start]}
