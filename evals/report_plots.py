@@ -92,13 +92,14 @@ def _draw(spec: PlotSpec, names: list[str], points: list[tuple[float, float]], p
             label="Pareto front", zorder=3)
     for name, x, y in zip(names, mib, ys):
         ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
-    if max(mib) / min(mib) > 4:
-        from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter
 
-        ax.set_xscale("log")
-        plain = FuncFormatter(lambda v, _: f"{v:g}")
-        ax.xaxis.set_major_formatter(plain)
-        ax.xaxis.set_minor_formatter(plain)
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    for axis, values, set_scale in ((ax.xaxis, mib, ax.set_xscale), (ax.yaxis, ys, ax.set_yscale)):
+        if min(values) > 0 and max(values) / min(values) > 4:     # a wide range: log scale, plain labels
+            set_scale("log")
+            axis.set_major_formatter(plain)
+            axis.set_minor_formatter(plain)
     ax.set_xlabel("size on disk (MiB)")
     ax.set_ylabel(spec.y_label)
     ax.set_title(spec.title)
