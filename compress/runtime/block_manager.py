@@ -149,6 +149,21 @@ class BlockManager:
         for _ in range(need):
             seq.block_table.append(self._take())
 
+    def trim(self, seq: Sequence) -> None:
+        """Gives back the blocks past those ``seq``'s tokens need (after a speculative
+        step kept fewer tokens than it reserved positions for)."""
+        keep = self.blocks_for(seq.num_tokens)
+        while len(seq.block_table) > keep:
+            self._release(seq.block_table.pop())
+
+    def _release(self, b: int) -> None:
+        self.ref_counts[b] -= 1
+        if self.ref_counts[b] == 0:
+            if self.hashes[b] is not None:
+                self.free_cached[b] = None
+            else:
+                heapq.heappush(self.free_plain, b)
+
     def _take(self) -> int:
         if self.free_plain:
             b = heapq.heappop(self.free_plain)
@@ -164,11 +179,6 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Gives back ``seq``'s blocks, its last block first."""
         for b in reversed(seq.block_table):
-            self.ref_counts[b] -= 1
-            if self.ref_counts[b] == 0:
-                if self.hashes[b] is not None:
-                    self.free_cached[b] = None
-                else:
-                    heapq.heappush(self.free_plain, b)
+            self._release(b)
         seq.block_table = array("i")
         seq.num_registered_blocks = 0

@@ -29,6 +29,7 @@ from compress.runtime.llm_engine import LLMEngine
 from compress.runtime.models.llama import build_model
 from compress.runtime.sampling import SamplingParams
 from compress.runtime.sequence import RequestOutput
+from compress.runtime.speculative import ModelDrafter, NgramDrafter, SpeculativeConfig, SpeculativeDecoder
 from compress.runtime.scoring import Loglikelihood
 
 
@@ -57,16 +58,26 @@ class LLM:
     block; ``kv_cache_tokens`` positions in the paged cache (default: ``max_batch_size``
     rows of ``max_seq_len``, at most half the memory; on CPU it is committed only as it
     is written). ``native_decode``: decode-only steps through the native one-call plan
-    where the model allows it (``native_decode.py``); off, every step runs the modules."""
+    where the model allows it (``native_decode.py``); off, every step runs the modules.
+
+    ``speculative``: speculative decoding (``runtime/speculative/``), lossless: a dict
+    ``{"model": DRAFT, "num_speculative_tokens": k}`` (a draft checkpoint with the
+    target's tokenizer, loaded with the same dtype and kernels) or ``{"method": "ngram",
+    "num_speculative_tokens": k, "prompt_lookup_max": 4}`` (prompt lookup, no model);
+    a path or ``"ngram"`` alone take k = 3. Decode-only steps then draft up to k tokens per
+    sequence, verify them in one pass of this model and keep what rejection sampling
+    accepts; ``engine.stats()`` gives the acceptance figures."""
 
     def __init__(self, path, dtype="float32", kernels: str = "native", device: str = "cpu",
                  max_seq_len: int | None = None, threads: int | None = None, max_batch_size: int = 32,
                  kv_cache_dtype=None, w4_activations: str = DEFAULT_W4_ACTIVATIONS, block_size: int = 16,
                  kv_cache_tokens: int | None = None, max_num_batched_tokens: int = 512,
-                 enable_chunked_prefill: bool = True, enable_prefix_caching: bool = True, native_decode: bool = True):
+                 enable_chunked_prefill: bool = True, enable_prefix_caching: bool = True, native_decode: bool = True,
+                 speculative=None):
         engine_args = dict(block_size=block_size, kv_cache_tokens=kv_cache_tokens,
                            max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
-                           enable_prefix_caching=enable_prefix_caching, native_decode=native_decode)
+                           enable_prefix_caching=enable_prefix_caching, native_decode=native_decode,
+                           speculative=speculative)
         ckpt = open_checkpoint(path)
         directory = Path(getattr(ckpt, "path", None) or path)
         self.checkpoint_path = directory
@@ -94,6 +105,7 @@ class LLM:
         if kernels not in BACKENDS:
             raise ValueError(f"unknown kernels {kernels!r}; choose one of {BACKENDS}")
         engine_args = dict(engine_args or {})
+        speculative = SpeculativeConfig.parse(engine_args.pop("speculative", None))
         unknown = sorted(set(engine_args) - ENGINE_ARGS)
         if unknown:
             raise TypeError(f"LLM got unknown arguments {unknown}; engine arguments: {sorted(ENGINE_ARGS)}")
@@ -121,7 +133,27 @@ class LLM:
                                 max_num_seqs=max_batch_size, **engine_args)
         self.engine.eos_token_ids = self.eos_token_ids
         self.runner = self.engine.runner
+        self.speculative = speculative
+        self.draft_model = None
+        if speculative is not None:
+            self.engine.speculative = SpeculativeDecoder(self._drafter(speculative, w4_activations, engine_args),
+                                                         speculative.num_speculative_tokens)
         self._ids = itertools.count()
+
+    def _drafter(self, spec: SpeculativeConfig, w4_activations: str, engine_args: dict):
+        """The drafter ``spec`` names: prompt lookup, or a draft model loaded like the
+        target (same dtype, kernels, device) with its own paged cache of the same size."""
+        if spec.method == "ngram":
+            return NgramDrafter(spec.prompt_lookup_max, spec.prompt_lookup_min)
+        draft = open_checkpoint(spec.model)
+        model = build_model(draft, self.dtype, self.device, self.kernels, self.model.max_seq_len,
+                            w4_activations=w4_activations)
+        if model.vocab_size != self.model.vocab_size:
+            raise ValueError(f"speculative: the draft {spec.model} has a vocabulary of {model.vocab_size} tokens, the "
+                             f"target {self.model.vocab_size}; a draft must share the target's tokenizer")
+        self.draft_model = model
+        return ModelDrafter(model, self.engine.kv_cache.num_tokens, self.engine.block_manager.block_size,
+                            self.engine.kv_cache.dtype, engine_args.get("native_decode", True))
 
     @property
     def max_seq_len(self) -> int:
@@ -262,7 +294,7 @@ class LLM:
 
 
 ENGINE_ARGS = {"block_size", "kv_cache_tokens", "max_num_batched_tokens", "enable_chunked_prefill",
-               "enable_prefix_caching", "native_decode"}
+               "enable_prefix_caching", "native_decode"}   # and speculative (taken apart before the engine)
 
 
 def _read_json(path: Path) -> dict:

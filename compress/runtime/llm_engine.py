@@ -49,7 +49,7 @@ class LLMEngine:
     def __init__(self, model: LlamaFamilyModel, tokenizer=None, eos_token_ids=(), bos_token_id: int | None = None,
                  *, kv_cache_dtype=None, block_size: int = 16, kv_cache_tokens: int | None = None,
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 512, enable_chunked_prefill: bool = True,
-                 enable_prefix_caching: bool = True, native_decode: bool = True):
+                 enable_prefix_caching: bool = True, native_decode: bool = True, speculative=None):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.model = model
@@ -78,6 +78,7 @@ class LLMEngine:
         self.steps = 0
         self._sampler_key: tuple = ()
         self._sampler: BatchSampler | None = None
+        self.speculative = speculative   # a SpeculativeDecoder (speculative/), or None
 
     @property
     def max_seq_len(self) -> int:
@@ -130,6 +131,8 @@ class LLMEngine:
             return False
         self.scheduler.finish(seq)
         seq.finish("abort")
+        if self.speculative is not None:
+            self.speculative.release(seq.request_id)
         return True
 
     def has_unfinished(self) -> bool:
@@ -147,6 +150,8 @@ class LLMEngine:
         if not batch:
             return outputs
         self.steps += 1
+        if self.speculative is not None and self.speculative.applies(batch.seqs, batch.num_new_tokens):
+            return outputs + self.speculative.step(self, batch.seqs)
         greedy = all(s.params.greedy for s in batch.seqs)
         out = self.runner.run(batch.seqs, batch.num_new_tokens, greedy=greedy)
         for seq, n in zip(out.seqs, out.num_new_tokens):
@@ -173,6 +178,8 @@ class LLMEngine:
     def _finished(self, seq: Sequence) -> RequestOutput:
         self.scheduler.finish(seq)
         self.requests.pop(seq.request_id, None)
+        if self.speculative is not None:
+            self.speculative.release(seq.request_id)
         return seq.output()
 
     def _sample(self, rows: list[Sequence], logits: torch.Tensor) -> list[int]:
@@ -205,4 +212,5 @@ class LLMEngine:
                 "prefix_cache_hits": bm.hit_tokens, "prefix_cache_queries": bm.query_tokens,
                 "tokens_generated": self.tokens_generated, "tokens_prefilled": self.tokens_prefilled,
                 "tokens_decoded": self.tokens_decoded, "steps": self.steps,
-                "native_decode": self.runner.native is not None}
+                "native_decode": self.runner.native is not None,
+                **({} if self.speculative is None else self.speculative.stats_dict())}

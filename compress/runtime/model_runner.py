@@ -83,6 +83,50 @@ class ModelRunner:
         return StepOutput(seqs, num_new_tokens, sampled, logits)
 
     @torch.inference_mode()
+    def forward_tokens(self, tokens: list[list[int]], starts: list[int], tables: list,
+                       every_position: bool = False) -> torch.Tensor:
+        """Computes rows of tokens outside the scheduler (speculative decoding): row r
+        brings ``tokens[r]`` at positions ``starts[r] ..`` into the blocks ``tables[r]``
+        (already allocated). Returns fp32 logits: of every token in order
+        (``every_position``: ``[sum(len), V]``, a verify pass), else of each row's last
+        token (``[B, V]``).
+
+        With the native plan, a row of n tokens runs as n one-token rows at consecutive
+        positions over the same block table: each layer writes every row's key and value
+        before any row attends, so the row at position p sees the keys of p-1, p-2, ..
+        written in the same call -- causal attention over the chunk, through the batched
+        decode kernels (one GEMM over all the tokens). Long rows whose other positions'
+        logits are not wanted (a draft catching up on a prompt) run the module path."""
+        lens = [len(t) for t in tokens]
+        if self.native is not None and (every_position or all(n == 1 for n in lens)):
+            ids = [t for row in tokens for t in row]
+            positions = [s + j for s, n in zip(starts, lens) for j in range(n)]
+            repeated = [tables[r] for r, n in enumerate(lens) for _ in range(n)]
+            logits, _ = self.native.decode(ids, positions, self.kv_cache.k, self.kv_cache.v,
+                                           block_table_tensor(repeated, self.device), False)
+            if every_position or len(ids) == len(tokens):
+                return logits
+            return logits[torch.tensor(lens).cumsum(0) - 1]
+        order = [r for r, n in enumerate(lens) if n == 1] + [r for r, n in enumerate(lens) if n != 1]
+        batch = build_step_batch([tokens[r] for r in order], [starts[r] for r in order], [tables[r] for r in order],
+                                 self.kv_cache.block_size, self.device)
+        if every_position:
+            picked = torch.arange(batch.num_tokens, device=self.device)
+        else:
+            picked = batch.last_token_index()
+        logits = self.model.logits(self.model.forward_paged(batch, self.kv_cache, picked))
+        if order == list(range(len(tokens))):
+            return logits
+        # back to the callers' row order
+        if every_position:
+            bounds = batch.query_start.tolist()
+            pieces = {r: logits[bounds[i]:bounds[i + 1]] for i, r in enumerate(order)}
+            return torch.cat([pieces[r] for r in range(len(tokens))])
+        inverse = torch.empty(len(order), dtype=torch.long)
+        inverse[torch.tensor(order)] = torch.arange(len(order))
+        return logits[inverse.to(logits.device)]
+
+    @torch.inference_mode()
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Cache-free forward of ``[B, T]`` tokens; ``attention_mask`` (1 = real token)
         may pad on either side. Final hidden states ``[B, T, H]``."""
