@@ -68,11 +68,71 @@ def _cmd_eval(args) -> int:
     return 1 if failed else 0
 
 
+def add_speculative_arguments(parser) -> None:
+    """``--draft`` and ``--num-speculative-tokens`` (``compress generate``, ``compress serve``)."""
+    parser.add_argument("--draft", metavar="DRAFT",
+                        help="speculative decoding (lossless): a draft checkpoint directory with the target's "
+                             "tokenizer, or 'ngram' (prompt lookup, no model)")
+    parser.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
+                        help="tokens drafted per step with --draft (default 3)")
+
+
+def speculative_option(args) -> dict | None:
+    """The ``speculative=`` of ``LLM`` that ``--draft`` / ``--num-speculative-tokens`` ask
+    for (None without ``--draft``); bad values are a ``UserError`` naming the option."""
+    from compress.errors import UserError
+
+    draft = getattr(args, "draft", None)
+    k = getattr(args, "num_speculative_tokens", None)
+    if draft is None:
+        if k is not None:
+            raise UserError("--num-speculative-tokens needs --draft (a draft checkpoint directory or 'ngram')")
+        return None
+    k = 3 if k is None else k
+    if k < 1:
+        raise UserError(f"--num-speculative-tokens must be >= 1, got {k}")
+    if draft == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k}
+    if not Path(draft).is_dir():
+        raise UserError(f"--draft: draft checkpoint directory not found: {draft} (give a checkpoint directory "
+                        f"or 'ngram')")
+    if not Path(draft, "config.json").is_file():
+        raise UserError(f"--draft {draft}: no config.json (not a model directory)")
+    return {"model": str(draft), "num_speculative_tokens": k}
+
+
+def load_llm(llm_class, path, speculative: dict | None, **kwargs):
+    """``llm_class(path, speculative=..., **kwargs)``; the runtime's own ``ValueError``s
+    about the draft (a vocabulary that differs from the target's) become ``UserError``s."""
+    from compress.errors import UserError
+
+    if speculative is None:
+        return llm_class(path, **kwargs)
+    try:
+        return llm_class(path, speculative=speculative, **kwargs)
+    except UserError:   # a checkpoint error (no config.json, ...) names its directory already
+        raise
+    except ValueError as exc:
+        if str(exc).startswith("speculative:"):
+            raise UserError(f"--draft {speculative.get('model', 'ngram')}: {exc}") from exc
+        raise
+
+
+def speculative_summary(stats: dict) -> str:
+    """One line of the acceptance figures in ``LLMEngine.stats()``."""
+    rate, mean = stats.get("spec_acceptance_rate"), stats.get("spec_mean_tokens_per_row_step")
+    return (f"--- speculative ({stats.get('spec_method')}, k={stats.get('spec_k')}): acceptance rate "
+            f"{'n/a' if rate is None else f'{rate:.3f}'} ({stats.get('spec_accepted_tokens', 0)}/"
+            f"{stats.get('spec_draft_tokens', 0)} draft tokens), mean tokens per step "
+            f"{'n/a' if mean is None else f'{mean:.2f}'} over {stats.get('spec_rows', 0)} sequence-steps")
+
+
 def _cmd_generate(args) -> int:
     from compress.runtime import LLM, SamplingParams
 
-    llm = LLM(args.path, dtype=args.dtype, kernels=args.kernels, threads=args.threads,
-              kv_cache_dtype=args.kv_cache_dtype, w4_activations=args.w4_activations)
+    speculative = speculative_option(args)
+    llm = load_llm(LLM, args.path, speculative, dtype=args.dtype, kernels=args.kernels, threads=args.threads,
+                   kv_cache_dtype=args.kv_cache_dtype, w4_activations=args.w4_activations)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed)
     if args.stream:
@@ -81,10 +141,12 @@ def _cmd_generate(args) -> int:
             for delta in llm.stream(prompt, params):
                 print(delta, end="", flush=True)
             print()
-        return 0
-    for out in llm.generate(args.prompt, params):
-        print(out.prompt + out.text)
-        print(f"--- {len(out.token_ids)} tokens, finish: {out.finish_reason}", file=sys.stderr)
+    else:
+        for out in llm.generate(args.prompt, params):
+            print(out.prompt + out.text)
+            print(f"--- {len(out.token_ids)} tokens, finish: {out.finish_reason}", file=sys.stderr)
+    if speculative is not None:
+        print(speculative_summary(llm.engine.stats()), file=sys.stderr)
     return 0
 
 
@@ -159,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="activations of int4 (w4a16) layers: float, the scheme's numbers (default), or int8 per block "
                         "of 32, the CPU fast path (as llama.cpp; ~0.4%% off the logits)")
     g.add_argument("--threads", type=int, default=None)
+    add_speculative_arguments(g)
     g.set_defaults(func=_cmd_generate)
 
     i = sub.add_parser("inspect", help="what a checkpoint holds: schemes per layer, size, checksums")

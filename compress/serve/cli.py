@@ -53,11 +53,16 @@ def add_serve_parser(sub) -> None:
     r.add_argument("--kernels", default=None, choices=["native", "reference"])
     r.add_argument("--w4-activations", default=None, choices=W4_ACTIVATIONS,
                    help=f"activations of int4 layers (default {DEFAULT_W4_ACTIVATIONS})")
+    from compress.cli import add_speculative_arguments
+
+    add_speculative_arguments(r)
     s.set_defaults(func=_cmd_serve)
 
 
 def llm_kwargs(args, llm_class) -> dict:
-    """The runtime options that were given, checked against ``llm_class``'s constructor."""
+    """The runtime options that were given, checked against ``llm_class``'s constructor
+    (``--draft`` / ``--num-speculative-tokens``: its ``speculative``)."""
+    from compress.cli import speculative_option
     from compress.errors import UserError
 
     accepted = inspect.signature(llm_class.__init__).parameters
@@ -69,7 +74,22 @@ def llm_kwargs(args, llm_class) -> dict:
         if keyword not in accepted:
             raise UserError(f"--{option.replace('_', '-')}: this runtime's LLM has no option {keyword!r}")
         kwargs[keyword] = value
+    speculative = speculative_option(args)
+    if speculative is not None:
+        if "speculative" not in accepted:
+            raise UserError("--draft: this runtime's LLM has no option 'speculative'")
+        kwargs["speculative"] = speculative
     return kwargs
+
+
+def build_llm(args, llm_class=None):
+    """The ``LLM`` ``compress serve`` serves, from its parsed arguments."""
+    from compress.cli import load_llm
+
+    if llm_class is None:
+        from compress.runtime import LLM as llm_class
+    kwargs = llm_kwargs(args, llm_class)
+    return load_llm(llm_class, args.path, kwargs.pop("speculative", None), **kwargs)
 
 
 def _cmd_serve(args) -> int:
@@ -82,16 +102,17 @@ def _cmd_serve(args) -> int:
         raise FileNotFoundError(f"checkpoint directory not found: {args.path}")
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from compress.runtime import LLM
     from compress.serve.server import serve
     from compress.serve.state import ServeConfig, default_model_name
 
-    llm = LLM(args.path, **llm_kwargs(args, LLM))
+    llm = build_llm(args)
     config = ServeConfig(model_name=args.served_model_name or default_model_name(args.path),
                          api_key=args.api_key or None, max_queue=args.max_queue,
                          max_num_seqs=args.max_num_seqs,
                          request_timeout=args.request_timeout or None)
+    spec = getattr(llm, "speculative", None)
+    spec_note = "" if spec is None else f" (speculative: {args.draft}, k={spec.num_speculative_tokens})"
     print(f"compress serve: {config.model_name} ({args.path}) on http://{args.host}:{args.port}"
-          f"{' (API key required)' if config.api_key else ''}", flush=True)
+          f"{' (API key required)' if config.api_key else ''}{spec_note}", flush=True)
     return serve(llm, config, host=args.host, port=args.port, shutdown_grace=args.shutdown_grace,
                  log_level=args.log_level)

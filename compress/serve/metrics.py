@@ -4,11 +4,29 @@ Engine figures come from the engine thread's last published snapshot (running an
 waiting sequences, KV blocks in use and in all); the HTTP side adds requests answered by
 route and status, requests in flight, the queue (sequences admitted but not running),
 rejections, timeouts, disconnects, tokens generated and the generation rate over the
-last 10 seconds.
+last 10 seconds. With speculative decoding on (``--draft``), the engine's numeric
+``spec_*`` and ``draft_*`` figures follow as ``compress_spec_*`` / ``compress_draft_*``.
 """
 from __future__ import annotations
 
 PREFIX = "compress"
+
+# engine stats key -> (metric name, kind, help); numeric spec_* / draft_* keys not listed
+# here are exported as gauges under their own name
+SPEC_METRICS = {
+    "spec_k": ("spec_num_speculative_tokens", "gauge", "Tokens drafted per sequence-step at most (k)."),
+    "spec_steps": ("spec_steps_total", "counter", "Engine steps that ran speculatively."),
+    "spec_rows": ("spec_rows_total", "counter", "Sequence-steps among the speculative steps."),
+    "spec_draft_tokens": ("spec_draft_tokens_total", "counter", "Draft tokens proposed."),
+    "spec_accepted_tokens": ("spec_accepted_tokens_total", "counter", "Draft tokens the target accepted."),
+    "spec_emitted_tokens": ("spec_emitted_tokens_total", "counter",
+                            "Tokens appended by speculative steps (accepted plus one recovered or bonus)."),
+    "spec_acceptance_rate": ("spec_acceptance_rate", "gauge", "Accepted draft tokens / draft tokens."),
+    "spec_mean_tokens_per_row_step": ("spec_mean_tokens_per_row_step", "gauge",
+                                      "Tokens appended per sequence-step of the speculative steps."),
+    "draft_forwards": ("draft_forwards_total", "counter", "Forward passes of the draft model."),
+    "draft_kv_blocks_used": ("draft_kv_blocks_used", "gauge", "The draft model's KV cache blocks in use."),
+}
 
 
 def _line(name: str, kind: str, help_text: str, samples) -> list[str]:
@@ -48,4 +66,18 @@ def render_metrics(state) -> str:
     lines += _line("generation_tokens_per_second", "gauge", "Tokens generated per second, last 10 s.",
                    [({}, float(state.engine_loop.tokens_per_second()))])
     lines += _line("engine_steps_total", "counter", "Engine steps since start.", [({}, int(stats.get("steps", 0)))])
+    lines += _spec_lines(stats)
     return "\n".join(lines) + "\n"
+
+
+def _spec_lines(stats: dict) -> list[str]:
+    """The engine's numeric speculative-decoding figures (none without speculation; a
+    ratio is left out until it has a denominator)."""
+    lines: list[str] = []
+    for key, value in stats.items():
+        if not key.startswith(("spec_", "draft_")) or isinstance(value, bool) \
+                or not isinstance(value, (int, float)):
+            continue
+        name, kind, help_text = SPEC_METRICS.get(key, (key, "gauge", f"Speculative decoding: {key}."))
+        lines += _line(name, kind, help_text, [({}, value)])
+    return lines

@@ -103,3 +103,46 @@ def test_run_with_a_failed_cell_writes_the_report_and_exits_1(recipe, tmp_path, 
     stages = json.loads((out / "report.json").read_text())["stages"]
     assert [s["name"] for s in stages] == ["base", "rtn-int8"]
     assert all(s["perplexity"] > 1 and "speed meter broke" in str(s["errors"]["speed"]) for s in stages)
+
+
+# ---------------------------------------------------------------- generate --draft (speculative decoding)
+def _generate(capsys, *extra):
+    from compress.serve.cli import EMBEDDED_MODEL
+
+    capsys.readouterr()
+    code = main(["generate", str(EMBEDDED_MODEL), "--prompt", "Return the", "--prompt", "Create a new",
+                 "--max-tokens", "12", "--temperature", "0", *extra])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_generate_with_a_draft_is_lossless_and_reports_acceptance(capsys):
+    """Greedy output with --draft (the target itself, or prompt lookup) is the output
+    without; stderr gets one line of acceptance figures."""
+    from compress.serve.cli import EMBEDDED_MODEL
+
+    code, plain, plain_err = _generate(capsys)
+    assert code == 0 and plain.startswith("Return the") and "speculative" not in plain_err
+    code, out, err = _generate(capsys, "--draft", str(EMBEDDED_MODEL))
+    assert code == 0 and out == plain
+    [line] = [ln for ln in err.splitlines() if "speculative" in ln]
+    assert "(model, k=3)" in line and "acceptance rate" in line and "mean tokens per step" in line
+    rate = float(line.split("acceptance rate ")[1].split()[0])
+    assert rate > 0.5          # the target drafting for itself: (nearly) every draft token is kept
+    code, out, err = _generate(capsys, "--draft", "ngram", "--num-speculative-tokens", "2")
+    assert code == 0 and out == plain
+    assert "(ngram, k=2)" in err and "acceptance rate" in err
+
+
+def test_generate_draft_errors_are_one_line(capsys, tmp_path, tiny_llama_dir):
+    missing = tmp_path / "no-such-draft"
+    code, out, err = _generate(capsys, "--draft", str(missing))
+    assert code == 2 and str(missing) in err and "--draft" in err and "Traceback" not in err and out == ""
+    code, _, err = _generate(capsys, "--draft", str(tmp_path))           # a directory, not a model
+    assert code == 2 and str(tmp_path) in err and "config.json" in err
+    code, _, err = _generate(capsys, "--draft", str(tiny_llama_dir))     # another tokenizer
+    assert code == 2 and str(tiny_llama_dir) in err and "vocabulary" in err and "Traceback" not in err
+    code, _, err = _generate(capsys, "--num-speculative-tokens", "2")
+    assert code == 2 and "--draft" in err
+    code, _, err = _generate(capsys, "--draft", "ngram", "--num-speculative-tokens", "0")
+    assert code == 2 and "--num-speculative-tokens" in err

@@ -14,7 +14,7 @@ import time
 import pytest
 import requests
 
-from conftest import EMBEDDED
+from conftest import EMBEDDED, MAX_NUM_SEQS, MODEL_NAME
 
 
 def free_port() -> int:
@@ -35,6 +35,16 @@ def test_bad_options_are_one_line_errors(tmp_path):
 
     assert main(["serve", str(tmp_path / "missing")]) == 2
     assert main(["serve", "--max-queue", "-1"]) == 2
+
+
+def test_bad_draft_is_a_one_line_error(tmp_path, capsys):
+    from compress.cli import main
+
+    assert main(["serve", "--draft", str(tmp_path / "missing-draft")]) == 2
+    err = capsys.readouterr().err
+    assert "--draft" in err and str(tmp_path / "missing-draft") in err and "Traceback" not in err
+    assert main(["serve", "--num-speculative-tokens", "2"]) == 2
+    assert "--draft" in capsys.readouterr().err
 
 
 def test_stopping_aborts_what_outlives_the_grace_period(embedded_llm, monkeypatch):
@@ -61,6 +71,59 @@ def test_stopping_aborts_what_outlives_the_grace_period(embedded_llm, monkeypatc
     assert not srv.state.engine_loop.alive and engine.stats()["kv_blocks_used"] == 0
 
 
+@pytest.mark.parametrize("draft", ["model", "ngram"])
+def test_serving_with_a_draft_is_lossless_and_counts_in_metrics(draft, references):
+    """``compress serve --draft``'s LLM (built from the parsed command line) answers greedy
+    completions, whole and streamed, with the text of plain decoding, and /metrics carries
+    the speculative counters."""
+    from compress.cli import build_parser
+    from compress.serve.cli import build_llm
+    from compress.serve.server import ServerThread
+    from compress.serve.soak import parse_metrics
+    from compress.serve.state import ServeConfig
+
+    args = build_parser().parse_args(["serve", str(EMBEDDED), "--draft", str(EMBEDDED) if draft == "model" else draft,
+                                      "--num-speculative-tokens", "3", "--max-num-seqs", str(MAX_NUM_SEQS)])
+    llm = build_llm(args)
+    assert llm.speculative.num_speculative_tokens == 3 and (llm.draft_model is not None) == (draft == "model")
+    with ServerThread(llm, ServeConfig(model_name=MODEL_NAME, max_num_seqs=MAX_NUM_SEQS, request_timeout=60)) as srv:
+        r = requests.post(srv.url + "/v1/completions", json={"prompt": references["prompts"], "max_tokens": 12,
+                                                             "temperature": 0}, timeout=60)
+        assert r.status_code == 200, r.text
+        choices = sorted(r.json()["choices"], key=lambda c: c["index"])
+        assert [c["text"] for c in choices] == references["texts"]
+        deltas = []
+        with requests.post(srv.url + "/v1/completions", json={"prompt": references["prompts"][0], "max_tokens": 12,
+                                                              "temperature": 0, "stream": True},
+                           stream=True, timeout=60) as s:
+            for line in s.iter_lines():
+                if line and line != b"data: [DONE]":
+                    deltas += [c["text"] for c in json.loads(line[6:])["choices"]]
+        assert "".join(deltas) == references["texts"][0]
+        text = requests.get(srv.url + "/metrics").text
+    metrics = parse_metrics(text)
+    assert "# TYPE compress_spec_steps_total counter" in text
+    assert metrics["compress_spec_num_speculative_tokens"] == 3
+    assert metrics["compress_spec_steps_total"] > 0 and metrics["compress_spec_rows_total"] > 0
+    assert metrics["compress_spec_emitted_tokens_total"] >= metrics["compress_spec_rows_total"]
+    if draft == "model":        # the target drafting for itself
+        assert metrics["compress_spec_draft_tokens_total"] > 0 and metrics["compress_spec_accepted_tokens_total"] > 0
+        assert metrics["compress_spec_acceptance_rate"] > 0.5 and metrics["compress_draft_forwards_total"] > 0
+        assert metrics["compress_spec_mean_tokens_per_row_step"] > 1
+    else:
+        assert "compress_draft_forwards_total" not in metrics
+
+
+def test_metrics_have_no_spec_counters_without_speculation():
+    from compress.serve.metrics import _spec_lines
+
+    assert _spec_lines({"steps": 3, "kv_blocks_used": 1, "native_decode": True}) == []
+    lines = _spec_lines({"spec_method": "ngram", "spec_k": 2, "spec_steps": 5, "spec_acceptance_rate": 0.25,
+                         "spec_mean_tokens_per_row_step": None, "spec_accepted_hist": [1, 2, 0]})
+    assert [ln for ln in lines if not ln.startswith("#")] == [
+        "compress_spec_num_speculative_tokens 2", "compress_spec_steps_total 5", "compress_spec_acceptance_rate 0.25"]
+
+
 def test_runtime_options_are_checked_against_the_llm():
     from argparse import Namespace
 
@@ -75,6 +138,8 @@ def test_runtime_options_are_checked_against_the_llm():
         "threads": 2, "max_batch_size": 8}
     with pytest.raises(UserError, match="--block-size"):
         llm_kwargs(Namespace(block_size=4), OldLLM)
+    with pytest.raises(UserError, match="--draft"):
+        llm_kwargs(Namespace(draft="ngram", num_speculative_tokens=None), OldLLM)
 
 
 @pytest.mark.slow
