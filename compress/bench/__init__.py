@@ -4,8 +4,9 @@ bitsandbytes, beside the measured DRAM bandwidth) and ``compress bench model PAT
 ``bench serve`` (TTFT / TPOT / ITL / throughput of OpenAI-compatible servers under load:
 ours, ours one request at a time, llama.cpp's llama-server), ``bench cuda`` (the CUDA
 kernels against cuBLAS and the roofline), ``bench profile CKPT`` (a decode step's time
-by op group), ``bench make-model`` (the benchmark model and its int4 / int8 exports)
-and ``bench outlier-model`` (a copy of a model with outlier features, same function).
+by op group), ``bench make-model`` (the benchmark model and its int4 / int8 exports),
+``bench outlier-model`` (a copy of a model with outlier features, same function) and
+``bench spec`` (speculative decoding: acceptance, costs, predicted vs measured speedup).
 
 ``add_bench_parser(subparsers)`` registers the ``bench`` subcommand on the CLI."""
 from __future__ import annotations
@@ -26,6 +27,8 @@ SUBCOMMANDS = {
                                "time, and llama-server on seeded workloads"),
     "minitron": ("minitron", "issue 22's experiment: importance pruning + KD healing against random pruning and "
                              "training from scratch on the embedded model"),
+    "spec": ("spec", "speculative decoding (issue 24): per draft and k, acceptance, draft / verify cost, predicted "
+                     "and measured speedup over the target alone; transformers' assisted generation"),
 }
 
 
