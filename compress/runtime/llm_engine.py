@@ -150,8 +150,10 @@ class LLMEngine:
         if not batch:
             return outputs
         self.steps += 1
-        if self.speculative is not None and self.speculative.applies(batch.seqs, batch.num_new_tokens):
-            return outputs + self.speculative.step(self, batch.seqs)
+        if self.speculative is not None:
+            spec_outputs = self.speculative.step(self, batch.seqs, batch.num_new_tokens)
+            if spec_outputs is not None:
+                return outputs + spec_outputs
         greedy = all(s.params.greedy for s in batch.seqs)
         out = self.runner.run(batch.seqs, batch.num_new_tokens, greedy=greedy)
         for seq, n in zip(out.seqs, out.num_new_tokens):
@@ -164,8 +166,14 @@ class LLMEngine:
         if not out.sampled:
             return outputs
         rows = [out.seqs[r] for r in out.sampled]
-        tokens = out.greedy_tokens if out.greedy_tokens is not None else self._sample(rows, out.logits)
-        logprobs = self._logprobs(rows, out.logits, tokens)
+        return outputs + self.emit(rows, out.logits, out.greedy_tokens)
+
+    def emit(self, rows: list[Sequence], logits: torch.Tensor, tokens: list[int] | None = None) -> list[RequestOutput]:
+        """Each row's next token from its ``logits`` (``tokens``: already chosen
+        greedily), appended with its logprobs; the rows' outputs."""
+        outputs = []
+        tokens = tokens if tokens is not None else self._sample(rows, logits)
+        logprobs = self._logprobs(rows, logits, tokens)
         max_len = self.max_seq_len
         for seq, token, lp in zip(rows, tokens, logprobs):
             seq.append(token, lp)

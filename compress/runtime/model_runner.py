@@ -20,6 +20,11 @@ from compress.runtime.sequence import Sequence
 from compress.runtime.step_batch import block_table_tensor, build_step_batch
 
 
+# A row of up to this many tokens runs through the native plan even when only its last
+# logits are wanted: the head's extra rows cost less than the module path's dispatch.
+NATIVE_ROW_TOKENS = 16
+
+
 @dataclass
 class StepOutput:
     """``seqs`` (the step's rows, one-token rows first) and, for the rows whose next token
@@ -84,47 +89,43 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward_tokens(self, tokens: list[list[int]], starts: list[int], tables: list,
-                       every_position: bool = False) -> torch.Tensor:
-        """Computes rows of tokens outside the scheduler (speculative decoding): row r
-        brings ``tokens[r]`` at positions ``starts[r] ..`` into the blocks ``tables[r]``
-        (already allocated). Returns fp32 logits: of every token in order
-        (``every_position``: ``[sum(len), V]``, a verify pass), else of each row's last
-        token (``[B, V]``).
+                       wanted: list[int] | None = None, every_position: bool = False) -> torch.Tensor:
+        """Computes rows of tokens outside the scheduler's plain steps (speculative
+        decoding): row r brings ``tokens[r]`` at positions ``starts[r] ..`` into the
+        blocks ``tables[r]`` (already allocated). Returns the fp32 logits of the last
+        ``wanted[r]`` tokens of each row, rows in order (``[sum(wanted), V]``; default:
+        each row's last token; ``every_position``: all of them, a verify pass).
 
         With the native plan, a row of n tokens runs as n one-token rows at consecutive
         positions over the same block table: each layer writes every row's key and value
         before any row attends, so the row at position p sees the keys of p-1, p-2, ..
         written in the same call -- causal attention over the chunk, through the batched
-        decode kernels (one GEMM over all the tokens). Long rows whose other positions'
-        logits are not wanted (a draft catching up on a prompt) run the module path."""
+        decode kernels (one GEMM over all the tokens). A row longer than
+        ``NATIVE_ROW_TOKENS`` of which fewer logits are wanted (a prefill chunk, a draft
+        catching up on a prompt) sends the step through the module path."""
         lens = [len(t) for t in tokens]
-        if self.native is not None and (every_position or all(n == 1 for n in lens)):
+        wanted = lens if every_position else [1] * len(tokens) if wanted is None else list(wanted)
+        if self.native is not None and all(n <= NATIVE_ROW_TOKENS or w == n for n, w in zip(lens, wanted)):
             ids = [t for row in tokens for t in row]
             positions = [s + j for s, n in zip(starts, lens) for j in range(n)]
             repeated = [tables[r] for r, n in enumerate(lens) for _ in range(n)]
             logits, _ = self.native.decode(ids, positions, self.kv_cache.k, self.kv_cache.v,
                                            block_table_tensor(repeated, self.device), False)
-            if every_position or len(ids) == len(tokens):
+            if wanted == lens:
                 return logits
-            return logits[torch.tensor(lens).cumsum(0) - 1]
+            picked = [end - j for end, w in zip(torch.tensor(lens).cumsum(0).tolist(), wanted) for j in range(w, 0, -1)]
+            return logits[picked]
         order = [r for r, n in enumerate(lens) if n == 1] + [r for r, n in enumerate(lens) if n != 1]
         batch = build_step_batch([tokens[r] for r in order], [starts[r] for r in order], [tables[r] for r in order],
                                  self.kv_cache.block_size, self.device)
-        if every_position:
-            picked = torch.arange(batch.num_tokens, device=self.device)
-        else:
-            picked = batch.last_token_index()
-        logits = self.model.logits(self.model.forward_paged(batch, self.kv_cache, picked))
-        if order == list(range(len(tokens))):
-            return logits
-        # back to the callers' row order
-        if every_position:
-            bounds = batch.query_start.tolist()
-            pieces = {r: logits[bounds[i]:bounds[i + 1]] for i, r in enumerate(order)}
-            return torch.cat([pieces[r] for r in range(len(tokens))])
-        inverse = torch.empty(len(order), dtype=torch.long)
-        inverse[torch.tensor(order)] = torch.arange(len(order))
-        return logits[inverse.to(logits.device)]
+        ends = batch.query_start[1:].tolist()
+        at = {r: i for i, r in enumerate(order)}     # caller's row -> its place in the batch
+        picked = [ends[at[r]] - j for r in range(len(tokens)) for j in range(wanted[r], 0, -1)]
+        if not picked:
+            self.model.forward_paged(batch, self.kv_cache, torch.empty(0, dtype=torch.long, device=self.device))
+            return torch.empty(0, self.model.vocab_size)
+        hidden = self.model.forward_paged(batch, self.kv_cache, torch.tensor(picked, device=self.device))
+        return self.model.logits(hidden)
 
     @torch.inference_mode()
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -55,9 +55,9 @@ class SpeculativeDecoder:
         self.stats = SpecStats(accepted_hist=[0] * (self.k + 1))
 
     @staticmethod
-    def applies(seqs: list[Sequence], num_new_tokens: list[int]) -> bool:
-        """Whether every row is a decode (its last token is all it has left to compute)."""
-        return all(n == 1 and s.num_computed_tokens + 1 == s.num_tokens for s, n in zip(seqs, num_new_tokens))
+    def is_decode(seq: Sequence, n: int) -> bool:
+        """Whether the row brings its last token (a decode, not a prefill chunk)."""
+        return n == 1 and seq.num_computed_tokens + 1 == seq.num_tokens
 
     def release(self, request_id: str) -> None:
         self.drafter.release(request_id)
@@ -74,55 +74,79 @@ class SpeculativeDecoder:
             k -= 1
         return max(k, 0)
 
-    def step(self, engine, seqs: list[Sequence]) -> list[RequestOutput]:
+    def step(self, engine, seqs: list[Sequence], num_new_tokens: list[int]) -> list[RequestOutput] | None:
+        """One engine step with speculation for its decode rows; its prefill chunks run
+        in the same pass as they would in a plain step. None when the step has no decode
+        row (the engine runs it as usual)."""
+        decode = [r for r, (s, n) in enumerate(zip(seqs, num_new_tokens)) if self.is_decode(s, n)]
+        if not decode:
+            return None
         bm = engine.block_manager
-        ks = [self._room(engine, s) for s in seqs]
-        proposal = self.drafter.propose(seqs, ks)
-        drafts = [t[:k] for t, k in zip(proposal.tokens, ks)]
-        for seq, d in zip(seqs, drafts):
-            bm.append_slots(seq, 1 + len(d))
-        rows = [[seq.token_ids[-1]] + d for seq, d in zip(seqs, drafts)]
+        ks = [self._room(engine, seqs[r]) for r in decode]
+        proposal = self.drafter.propose([seqs[r] for r in decode], ks)
+        drafts: dict[int, list[int]] = {}
+        for j, r in enumerate(decode):
+            drafts[r] = proposal.tokens[j][:ks[j]]
+            bm.append_slots(seqs[r], 1 + len(drafts[r]))
+        rows, wanted = [], []
+        for r, (seq, n) in enumerate(zip(seqs, num_new_tokens)):
+            if r in drafts:
+                rows.append([seq.token_ids[-1]] + drafts[r])
+                wanted.append(len(rows[-1]))
+            else:   # a prefill chunk: its last token's logits when the prompt is then complete
+                rows.append(seq.token_ids[seq.num_computed_tokens:seq.num_computed_tokens + n])
+                wanted.append(1 if seq.num_computed_tokens + n == seq.num_tokens else 0)
         logits = engine.runner.forward_tokens(rows, [s.num_computed_tokens for s in seqs],
-                                              [s.block_table for s in seqs], every_position=True)
-        st = self.stats
-        st.steps += 1
-        outputs = []
-        at = 0
-        for r, (seq, draft) in enumerate(zip(seqs, drafts)):
-            row_logits = logits[at:at + len(draft) + 1]
-            at += len(draft) + 1
-            p = seq.params
-            if p.greedy:
-                verdict = verify_greedy(draft, row_logits)
-            else:
-                q = proposal.probs_of(r)
-                verdict = verify_sampled(draft, None if q is None else q[:len(draft)],
-                                         target_probs(row_logits, p.temperature, p.top_k, p.top_p), seq.generator)
-            st.rows += 1
-            st.draft_tokens += len(draft)
-            st.accepted_tokens += verdict.num_accepted
-            st.accepted_hist[verdict.num_accepted] += 1
-            base = seq.num_tokens
-            engine.tokens_decoded += 1 + len(draft)
-            lps = self._logprobs(seq, row_logits, verdict.tokens)
-            for token, lp in zip(verdict.tokens, lps):
-                seq.append(token, lp)
-                st.emitted_tokens += 1
-                engine.tokens_generated += 1
-                if not seq.finished and seq.num_tokens >= engine.max_seq_len:
-                    seq.finish("length")
-                if seq.finished:
-                    break
-            # computed: the old last token and the kept draft tokens now in the sequence
-            seq.num_computed_tokens = min(base + verdict.num_accepted, seq.num_tokens - 1)
-            self.drafter.after_step(seq)
-            if seq.finished:
-                outputs.append(engine._finished(seq))
+                                              [s.block_table for s in seqs], wanted)
+        self.stats.steps += 1
+        outputs, at, due = [], 0, []
+        for r, seq in enumerate(seqs):
+            row_logits = logits[at:at + wanted[r]]
+            at += wanted[r]
+            if r not in drafts:
+                seq.num_computed_tokens += len(rows[r])
+                engine.tokens_prefilled += len(rows[r])
+                bm.register_full_blocks(seq)
+                if wanted[r]:
+                    due.append((seq, row_logits))
                 continue
-            bm.trim(seq)
-            bm.register_full_blocks(seq)
-            outputs.append(seq.output())
+            outputs.append(self._accept(engine, seq, drafts[r], proposal.probs_of(decode.index(r)), row_logits))
+        if due:
+            outputs += engine.emit([s for s, _ in due], torch.cat([lg for _, lg in due]))
         return outputs
+
+    def _accept(self, engine, seq: Sequence, draft: list[int], q: torch.Tensor | None,
+                row_logits: torch.Tensor) -> RequestOutput:
+        """Verdict on one decode row's draft, its tokens appended, both caches rolled back."""
+        p = seq.params
+        if p.greedy:
+            verdict = verify_greedy(draft, row_logits)
+        else:
+            verdict = verify_sampled(draft, None if q is None else q[:len(draft)],
+                                     target_probs(row_logits, p.temperature, p.top_k, p.top_p), seq.generator)
+        st = self.stats
+        st.rows += 1
+        st.draft_tokens += len(draft)
+        st.accepted_tokens += verdict.num_accepted
+        st.accepted_hist[verdict.num_accepted] += 1
+        base = seq.num_tokens
+        engine.tokens_decoded += 1 + len(draft)
+        for token, lp in zip(verdict.tokens, self._logprobs(seq, row_logits, verdict.tokens)):
+            seq.append(token, lp)
+            st.emitted_tokens += 1
+            engine.tokens_generated += 1
+            if not seq.finished and seq.num_tokens >= engine.max_seq_len:
+                seq.finish("length")
+            if seq.finished:
+                break
+        # computed: the old last token and the kept draft tokens now in the sequence
+        seq.num_computed_tokens = min(base + verdict.num_accepted, seq.num_tokens - 1)
+        self.drafter.after_step(seq)
+        if seq.finished:
+            return engine._finished(seq)
+        engine.block_manager.trim(seq)
+        engine.block_manager.register_full_blocks(seq)
+        return seq.output()
 
     @staticmethod
     def _logprobs(seq: Sequence, row_logits: torch.Tensor, tokens: list[int]) -> list[TokenLogprob | None]:
