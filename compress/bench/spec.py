@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from compress.bench.spec_timing import DecodeRun, decode_run, expected_tokens, pass_costs, predicted_speedup, \
-    prompt_windows
+from compress.bench.spec_timing import CountingDrafter, DecodeRun, decode_run, expected_tokens, pass_costs, \
+    predicted_speedup, prompt_windows
 from compress.errors import UserError
 from compress.io.files import atomic_write_text
 
@@ -37,8 +37,9 @@ EMBEDDED_MODEL = REPO / "models" / "pydoc-llama"
 EVAL_TEXT = REPO / "data" / "pydoc" / "eval.txt"
 EXAMPLE_OUT = REPO / "out" / "speculative"       # what examples/speculative.yaml writes
 DEFAULT_DRAFTS = ("depth-int4", "width-int4")
-DEFAULT_ASSISTANTS = ("depth-kd",)               # float stages: transformers loads them
-SPEC_FIELDS = ("spec_draft_tokens", "spec_accepted_tokens", "spec_emitted_tokens", "spec_rows", "spec_steps")
+DEFAULT_ASSISTANTS = ("depth-kd", "width-kd")               # float stages: transformers loads them
+SPEC_FIELDS = ("spec_draft_tokens", "spec_accepted_tokens", "spec_emitted_tokens", "spec_rows", "spec_steps",
+               "rows_proposing", "rejections")
 
 
 class SpecBenchError(UserError):
@@ -69,6 +70,14 @@ def _drafter(llm, draft: str):
     return drafter, draft_llm
 
 
+def _counting_decoder(drafter, k: int):
+    """A fresh speculative step over ``drafter`` (its counters start at 0 for one run)."""
+    from compress.runtime.speculative import SpeculativeDecoder
+
+    counting = CountingDrafter(drafter)
+    return counting.bind(SpeculativeDecoder(counting, k))
+
+
 def _groups(windows: list, batch: int) -> list[list]:
     """The windows in batches of ``batch`` (every batch size decodes the same windows)."""
     n = max(len(windows) // batch, 1)
@@ -84,48 +93,53 @@ def _run_all(llm, groups, new_tokens: int, make_decoder=None) -> DecodeRun:
         n += r.decode_tokens
         seconds += r.seconds
         if r.spec is not None:
-            spec = {f: (spec or {}).get(f, 0) + r.spec[f] for f in SPEC_FIELDS} | \
-                   {"draft_forwards": (spec or {}).get("draft_forwards", 0) + r.spec.get("draft_forwards", 0)}
+            spec = {f: (spec or {}).get(f, 0) + r.spec[f] for f in SPEC_FIELDS}
     return DecodeRun(tokens, n, seconds, spec)
 
 
 def measure_draft(llm, draft: str, windows, args, target_costs: dict, log=print) -> list[dict]:
     """One record per (batch, k) of ``draft``: α, accepted length, c, v, predicted and
     measured speedup, and whether the outputs equal the target alone's."""
-    from compress.runtime.speculative import SpeculativeDecoder
-
     drafter, draft_llm = _drafter(llm, draft)
     records = []
     for b in args.batch:
         groups = _groups(windows, b)
-        if draft_llm is not None:
-            c = pass_costs(draft_llm, windows[:b], [], args.timing_repeats)["step_s"] / target_costs[b]["step_s"]
-        else:
-            c = 0.0     # a lookup in the sequence's own tokens: no model pass
+        step_s = target_costs[b]["step_s"]
+        draft_s = pass_costs(draft_llm, windows[:b], [], args.timing_repeats)["step_s"] if draft_llm else 0.0
+        c = draft_s / step_s     # ngram: a lookup in the sequence's own tokens, no model pass
         for k in args.k:
             plain, spec, ratios, identical = [], [], [], True
             counters = {}
             base_forwards = getattr(drafter, "forwards", 0)
             for _ in range(args.repeats):
                 a = _run_all(llm, groups, args.new_tokens)
-                s = _run_all(llm, groups, args.new_tokens, lambda: SpeculativeDecoder(drafter, k))
+                s = _run_all(llm, groups, args.new_tokens, lambda: _counting_decoder(drafter, k))
                 plain.append(a.tok_s)
                 spec.append(s.tok_s)
                 ratios.append(s.tok_s / a.tok_s)
                 identical &= s.token_ids == a.token_ids
                 for f, val in s.spec.items():
                     counters[f] = counters.get(f, 0) + val
+                counters["seconds"] = counters.get("seconds", 0.0) + s.seconds
             counters["draft_forwards"] = getattr(drafter, "forwards", 0) - base_forwards
-            proposed = counters["spec_draft_tokens"]
-            alpha = counters["spec_accepted_tokens"] / proposed if proposed else 0.0
-            rows = counters["spec_rows"]
-            v = target_costs[b]["verify_s"][k] / target_costs[b]["step_s"]
-            rec = {"draft": draft, "k": k, "batch": b, "alpha": alpha,
-                   "mean_accepted": counters["spec_accepted_tokens"] / rows if rows else 0.0,
+            proposed, accepted = counters["spec_draft_tokens"], counters["spec_accepted_tokens"]
+            alpha = accepted / proposed if proposed else 0.0
+            alpha_token = accepted / (accepted + counters["rejections"]) if accepted + counters["rejections"] else 0.0
+            rows, steps = counters["spec_rows"], counters["spec_steps"]
+            v = target_costs[b]["verify_s"][k] / step_s
+            # where a speculative step's time goes: its passes (draft passes as counted, one verify) and the rest
+            step_ms = counters["seconds"] / steps * 1e3 if steps else 0.0
+            passes_ms = ((counters["draft_forwards"] / steps if steps else 0.0) * draft_s
+                         + target_costs[b]["verify_s"][k]) * 1e3
+            rec = {"draft": draft, "k": k, "batch": b, "alpha": alpha, "alpha_token": alpha_token,
+                   "mean_accepted": accepted / rows if rows else 0.0,
                    "tokens_per_pass": counters["spec_emitted_tokens"] / rows if rows else 0.0,
                    "proposed_per_row": proposed / rows if rows else 0.0,
-                   "expected_tokens": expected_tokens(alpha, k), "c": c, "v": v,
-                   "predicted_speedup": predicted_speedup(alpha, k, c, v),
+                   "expected_tokens": expected_tokens(alpha_token, k), "c": c, "v": v,
+                   "predicted_speedup": predicted_speedup(alpha_token, k, c, v),
+                   "predicted_speedup_alpha": predicted_speedup(alpha, k, c, v),
+                   "target_step_ms": step_s * 1e3, "spec_step_ms": step_ms, "spec_passes_ms": passes_ms,
+                   "spec_overhead_ms": step_ms - passes_ms,
                    "target_tok_s": statistics.median(plain), "spec_tok_s": statistics.median(spec),
                    "measured_speedup": statistics.median(ratios), "identical": identical,
                    "target_rounds": plain, "spec_rounds": spec, "counters": counters}
@@ -146,7 +160,7 @@ def bench_model_costs(path: str, windows, args, records: list[dict], log=print) 
     rows = [[t % vocab for t in w] for w in windows]       # timing only: the ids' meaning does not matter
     out = []
     for b in args.batch:
-        costs = pass_costs(llm, rows[:b], args.k, args.timing_repeats)
+        costs = pass_costs(llm, rows[:b], args.k, args.bench_model_repeats)
         for k in args.k:
             v = costs["verify_s"][k] / costs["step_s"]
             preds = {r["draft"]: {"alpha": r["alpha"], "c": r["c"],
@@ -161,14 +175,15 @@ def bench_model_costs(path: str, windows, args, records: list[dict], log=print) 
     return out
 
 
-HEADER = ("| draft | k | batch | α | accepted/verify | tokens/pass | c | v(k) | predicted | target tok/s | "
-          "spec tok/s | measured | identical |")
+HEADER = ("| draft | k | batch | α | α/token | accepted/verify | tokens/pass (expected) | c | v(k) | predicted | "
+          "target tok/s | spec tok/s | measured | step ms: passes + rest | identical |")
 
 
 def row_line(r: dict) -> str:
-    return (f"| {Path(r['draft']).name} | {r['k']} | {r['batch']} | {r['alpha']:.3f} | {r['mean_accepted']:.2f} | "
-            f"{r['tokens_per_pass']:.2f} | {r['c']:.3f} | {r['v']:.2f} | {r['predicted_speedup']:.2f}x | "
-            f"{r['target_tok_s']:.0f} | {r['spec_tok_s']:.0f} | {r['measured_speedup']:.2f}x | "
+    return (f"| {Path(r['draft']).name} | {r['k']} | {r['batch']} | {r['alpha']:.3f} | {r['alpha_token']:.3f} | "
+            f"{r['mean_accepted']:.2f} | {r['tokens_per_pass']:.2f} ({r['expected_tokens']:.2f}) | {r['c']:.3f} | "
+            f"{r['v']:.2f} | {r['predicted_speedup']:.2f}x | {r['target_tok_s']:.0f} | {r['spec_tok_s']:.0f} | "
+            f"{r['measured_speedup']:.2f}x | {r['spec_passes_ms']:.2f} + {r['spec_overhead_ms']:.2f} | "
             f"{'yes' if r['identical'] else 'NO'} |")
 
 
@@ -224,7 +239,7 @@ def run(args, log=print) -> dict:
         for a in assistants:
             peer += assisted_peer(Path(args.target), Path(a), windows[:args.peer_prompts], args.new_tokens, args.k,
                                   args.repeats, log)
-    bench = bench_model_costs(args.bench_model, windows, args, records, log) if args.bench_model else []
+    bench = [rec for path in args.bench_model or [] for rec in bench_model_costs(path, windows, args, records, log)]
     lines = summary(records)
     for line in lines:
         log(line)
@@ -254,7 +269,7 @@ def add_arguments(p) -> None:
                         "width-int4 where made, and ngram)")
     p.add_argument("--assistant", action="append", default=None,
                    help="a float draft transformers loads, for the assisted-generation peer at batch 1 "
-                        "(repeatable; default with the embedded target: out/speculative/depth-kd where made)")
+                        "(repeatable; default with the embedded target: out/speculative/depth-kd and width-kd where made)")
     p.add_argument("--no-peer", action="store_true", help="skip transformers' assisted generation")
     p.add_argument("--k", type=int, nargs="+", default=[1, 3, 5], help="draft tokens per step")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16], help="rows decoded together")
@@ -267,6 +282,8 @@ def add_arguments(p) -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--repeats", type=int, default=3, help="A B rounds (medians)")
     p.add_argument("--timing-repeats", type=int, default=30, help="passes timed for c and v (medians)")
-    p.add_argument("--bench-model", default=None,
-                   help="also time v(k) on this checkpoint (e.g. out/bench-llama/rtn-int4) and predict there")
+    p.add_argument("--bench-model", action="append", default=None,
+                   help="also time v(k) on this checkpoint (e.g. out/bench-llama/rtn-int4; repeatable) and give the "
+                        "speedup the embedded drafts' α and c predict there")
+    p.add_argument("--bench-model-repeats", type=int, default=5, help="passes timed on --bench-model (medians)")
     p.add_argument("--json", default=None)

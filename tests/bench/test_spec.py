@@ -43,12 +43,13 @@ def test_bench_spec_self_draft_and_ngram(tmp_path, tiny_llama_dir, one_thread):
     for r in recs.values():
         assert (r["k"], r["batch"]) == (2, 1)
         assert r["identical"] is True
-        for f in ("alpha", "mean_accepted", "tokens_per_pass", "c", "v", "predicted_speedup", "target_tok_s",
+        for f in ("alpha", "alpha_token", "mean_accepted", "spec_step_ms", "spec_passes_ms", "tokens_per_pass", "c", "v", "predicted_speedup", "target_tok_s",
                   "spec_tok_s", "measured_speedup"):
             assert isinstance(r[f], float) and r[f] >= 0, f
         assert r["v"] > 0 and r["target_tok_s"] > 0 and r["spec_tok_s"] > 0
     self_draft = recs[str(tiny_llama_dir)]
-    assert self_draft["alpha"] == 1.0                                   # the draft is the target
+    assert self_draft["alpha"] == self_draft["alpha_token"] == 1.0      # the draft is the target
+    assert self_draft["counters"]["rejections"] == 0
     # every proposed token kept (fewer than k where max_tokens leaves less room), plus one
     assert self_draft["mean_accepted"] == self_draft["proposed_per_row"] > 1.0
     assert self_draft["tokens_per_pass"] == self_draft["mean_accepted"] + 1
