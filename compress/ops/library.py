@@ -40,6 +40,8 @@ SCHEMAS = {
                                "Tensor context_lens, int window) -> Tensor"),
     # the sampler's greedy pick (torch.argmax over a vocabulary row is ~10x a max reduction)
     "argmax_rows": "argmax_rows(Tensor x) -> Tensor",
+    # y = x W^T of a dense (float32 / bfloat16) linear for a few rows: W read once for all of them
+    "dense_gemm": "dense_gemm(Tensor x, Tensor weight) -> Tensor",
     # helper for the benchmarks: a pure streaming read (DRAM bandwidth probe)
     "stream_read_sum": "stream_read_sum(Tensor buf) -> Tensor",
 }
@@ -59,6 +61,7 @@ REFERENCES = {
     "decode_attention": reference.decode_attention,
     "paged_decode_attention": reference.paged_decode_attention,
     "argmax_rows": reference.argmax_rows,
+    "dense_gemm": reference.dense_gemm,
     "stream_read_sum": reference.stream_read_sum,
 }
 
@@ -92,6 +95,10 @@ def _fake_argmax_rows(x):
     return x.new_empty(x.shape[:-1], dtype=torch.int64)
 
 
+def _fake_dense_gemm(x, weight):
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
 def _fake_stream_read_sum(buf):
     return buf.new_empty((), dtype=torch.int64)
 
@@ -111,6 +118,7 @@ FAKES = {
     "decode_attention": _fake_decode_attention,
     "paged_decode_attention": _fake_paged_decode_attention,
     "argmax_rows": _fake_argmax_rows,
+    "dense_gemm": _fake_dense_gemm,
     "stream_read_sum": _fake_stream_read_sum,
 }
 

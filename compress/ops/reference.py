@@ -330,6 +330,11 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     return x.argmax(dim=-1)
 
 
+def dense_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x [M, K] @ weight [N, K]^T`` in ``x``'s dtype (the weight cast to it)."""
+    return x @ weight.to(x.dtype).t()
+
+
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(rms_norm(x + residual), x + residual)``: a block's residual add and the next norm."""

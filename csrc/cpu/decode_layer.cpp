@@ -75,7 +75,7 @@ at::Tensor run_decode_linear(const DecodeLinear& l, const at::Tensor& x, at::Ten
     y = into ? w8a8_outlier_gemm_prepared_into(x, l.w[0], l.w[1], l.w[2], l.w[3], threshold, *out)
              : w8a8_outlier_gemm_prepared(x, l.w[0], l.w[1], l.w[2], l.w[3], threshold);
   }
-  else y = at::mm(x, l.w[0].to(x.scalar_type()).t());
+  else y = dense_gemm(x, l.w[0]);
   if (l.bias.has_value()) y.add_(l.bias->to(y.scalar_type()));
   return y;
 }

@@ -40,6 +40,11 @@ void paged_decode_attention_into(const at::Tensor& q, const at::Tensor& k_pool, 
 // compress::argmax_rows's answer for one float32 row of n > 0 values.
 int64_t argmax_row_f32(const float* x, int64_t n);
 
+// compress::dense_gemm: y = x W^T, float32 / bfloat16 W [N, K]; a few rows of x
+// (dense_gemm_small_rows) through the weight-streaming kernel, else at::mm.
+at::Tensor dense_gemm(const at::Tensor& x, const at::Tensor& w);
+bool dense_gemm_small_rows(const at::Tensor& x, const at::Tensor& w);
+
 // The same ops writing into caller-owned tensors (decode_layer reuses its intermediates
 // from call to call instead of allocating ~20 tensors a layer). The GEMMs take float32
 // x and a contiguous float32 out [M, N]; the norms outputs of x's sizes and dtype.

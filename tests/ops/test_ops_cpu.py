@@ -393,3 +393,26 @@ def test_opcheck():
     ]
     for op, args in cases:
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+
+
+@pytest.mark.parametrize("w_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_dense_gemm_matches_reference_and_each_row_is_its_own(isa, x_dtype, w_dtype):
+    """Every row count the kernel takes (1..16, then at::mm), K in the vector body and in
+    the tail; a row's result does not depend on the rows beside it (bitwise)."""
+    g = torch.Generator().manual_seed(11)
+    for m, k, n in [(1, 256, 768), (3, 19, 7), (5, 100, 33), (8, 64, 130), (9, 257, 40), (16, 48, 16), (17, 32, 8),
+                    (64, 40, 24), (65, 16, 8)]:
+        x = torch.randn(m, k, generator=g).to(x_dtype)
+        w = torch.randn(n, k, generator=g).to(w_dtype)
+        got = torch.ops.compress.dense_gemm(x, w)
+        want = (x.double() @ w.double().t())
+        assert got.dtype == x_dtype and got.shape == (m, n)
+        tol = 1e-4 * k ** 0.5 if x_dtype == torch.float32 else 2e-2 * k ** 0.5
+        assert (got.double() - want).abs().max() < tol, (m, k, n)
+        torch.testing.assert_close(got, reference.dense_gemm(x, w), rtol=1e-4 if x_dtype == torch.float32 else 2e-2,
+                                   atol=tol)
+        for r in (0, m - 1) if m <= 64 else ():     # past 64 rows: at::mm
+            assert torch.equal(torch.ops.compress.dense_gemm(x[r:r + 1], w)[0], got[r])
+    with pytest.raises(RuntimeError, match="dense_gemm"):
+        torch.ops.compress.dense_gemm(torch.randn(2, 5), torch.randn(3, 6))
