@@ -13,7 +13,7 @@ def test_the_example_passes_the_dry_run_checks(repo_root):
     preflight(example)                      # raises on a shape or setting the model cannot take
     assert [s.name for s in example.stages] == STAGES
     assert [[st.method for st in s.steps] for s in example.stages] == [
-        ["prune"], ["distill"], ["rtn"], ["prune"], ["distill"], ["awq"]]
+        ["prune"], ["distill"], ["rtn", "rtn"], ["prune"], ["distill"], ["awq", "rtn"]]
     assert [s.source for s in example.stages] == ["base", "depth", "depth-kd", "base", "width", "width-kd"]
     for healed in (example.stages[1], example.stages[4]):
         assert healed.steps[0].teacher.stage == "base"          # KD from the target the drafts serve
