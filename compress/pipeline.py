@@ -161,7 +161,8 @@ def run_recipe(recipe: Recipe, output: Path | None = None, evaluate: bool = True
 
 
 def evaluate_stages(recipe: Recipe, stages: list[tuple[str, str]], progress: bool = True, log=print) -> list[dict]:
-    """One record per (name, checkpoint dir); the first is the base and the KL reference.
+    """One record per (name, checkpoint dir); the first is the base and the KL reference
+    (and the target of ``eval.speculative``'s drafts, measured once every stage is).
     A measurement that fails is recorded in its record's ``errors``; the others go on."""
     from evals.evaluate import evaluate_checkpoint
 
@@ -176,4 +177,11 @@ def evaluate_stages(recipe: Recipe, stages: list[tuple[str, str]], progress: boo
         log(f"[eval] {name}: {path}")
         seed_everything(recipe.seed)
         records.append(evaluate_checkpoint(path, cfg, kl_cache, name=name))
+    if cfg.speculative is not None:   # stages as drafts of the base: figures in their records
+        from evals.eval_config import speculative_text
+        from evals.speculative import evaluate_drafts
+
+        seed_everything(recipe.seed)
+        evaluate_drafts(records, cfg.speculative, recipe.resolve(speculative_text(recipe.eval)), dtype=cfg.dtype,
+                        kernels=cfg.kernels, w4_activations=cfg.w4_activations, log_fn=log)
     return records

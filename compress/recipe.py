@@ -17,7 +17,7 @@ import yaml
 
 from compress.config import ConfigError, check, from_dict, to_dict
 from compress.registry import METHODS, get_method
-from evals.eval_config import EvalConfig
+from evals.eval_config import EvalConfig, check_speculative_drafts
 
 STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -166,8 +166,8 @@ class Recipe:
         model, calib, ev = to_dict(self.model), to_dict(self.calibration), to_dict(self.eval)
         model["path"] = self.model_location
         calib["files"] = [self.resolve(f) for f in calib["files"]]
-        for key in ("perplexity", "kl"):
-            if ev[key]:
+        for key in ("perplexity", "kl", "speculative"):
+            if ev[key] and ev[key]["file"] is not None:
                 ev[key]["file"] = self.resolve(ev[key]["file"])
         doc = {
             "name": self.name, "seed": self.seed,
@@ -300,7 +300,7 @@ def parse_recipe(data: Any, path: Path) -> Recipe:
                                                           [s.name for s in stages], path.parent)))
     _check_order(stages, where)
 
-    return Recipe(
+    recipe = Recipe(
         path=path, name=name, seed=seed,
         model=from_dict(ModelConfig, data["model"], f"{where}: model"),
         calibration=from_dict(CalibrationConfig, data.get("calibration"), f"{where}: calibration"),
@@ -311,6 +311,9 @@ def parse_recipe(data: Any, path: Path) -> Recipe:
         training=(None if data.get("training") is None
                   else from_dict(TrainingConfig, data["training"], f"{where}: training")),
     )
+    # a draft of the speculative eval is a stage of this recipe (the base is the target)
+    check_speculative_drafts(recipe.eval, [s.name for s in stages], f"{where}: eval")
+    return recipe
 
 
 def load_recipe(path: str | Path) -> Recipe:

@@ -8,6 +8,11 @@ the loaded model by :meth:`EvalConfig.for_context`:
 * ``speed.new_tokens``: ``min(64, context // 2)``; ``speed.prompt_len``:
   ``min(128, context - new_tokens)`` (prompt and generated tokens share the context).
 
+``speculative`` (off unless given): stages of the recipe measured as drafts of the base
+(``evals/speculative.py``); its ``prompt_len + new_tokens`` must fit the context. That
+the drafts name stages of the recipe is checked where the stages are known
+(``compress/recipe.py``).
+
 An explicit value the context cannot take is a :class:`compress.config.ConfigError`
 naming its key: :func:`check_eval_against_context` runs in ``compress run --dry-run``
 (from the model's ``config.json``), before any work is done.
@@ -128,7 +133,42 @@ class SpeedConfig:
         return dataclasses.replace(self, prompt_len=prompt_len, new_tokens=new_tokens)
 
 
-SECTIONS = {"perplexity": PerplexityConfig, "kl": KLConfig, "speed": SpeedConfig}
+@dataclass
+class SpeculativeEvalConfig:
+    """Each stage in ``drafts`` as a speculative draft of the base (the target): batch 1,
+    greedy, ``prompts`` windows of ``prompt_len`` tokens of ``file`` (None: the perplexity
+    file, else the default eval text), ``new_tokens`` each, the target alone and with the
+    draft alternately over ``rounds`` rounds."""
+    drafts: list[str] = field(default_factory=list)
+    k: int = 3                      # draft tokens per verify pass
+    new_tokens: int = 64
+    prompts: int = 4
+    prompt_len: int = 64
+    rounds: int = 3
+    file: str | None = None
+
+    def validate(self) -> None:
+        check(bool(self.drafts), "drafts", "name at least one stage to measure as a draft of the base")
+        for name in self.drafts:
+            check(isinstance(name, str) and bool(name), "drafts", f"expected stage names, got {name!r}")
+        check(len(set(self.drafts)) == len(self.drafts), "drafts", f"a stage is named twice: {self.drafts}")
+        _positive(self.k, "k")
+        _positive(self.new_tokens, "new_tokens", 2)
+        _positive(self.prompts, "prompts")
+        _positive(self.prompt_len, "prompt_len", 2)
+        _positive(self.rounds, "rounds")
+
+    def for_context(self, context: int | None) -> "SpeculativeEvalConfig":
+        self.validate()
+        if context is not None:
+            check(self.prompt_len + self.new_tokens <= context, "prompt_len",
+                  f"prompt_len {self.prompt_len} + new_tokens {self.new_tokens} = "
+                  f"{self.prompt_len + self.new_tokens} tokens do not fit the model's context of {context} tokens")
+        return dataclasses.replace(self, drafts=list(self.drafts))
+
+
+SECTIONS = {"perplexity": PerplexityConfig, "kl": KLConfig, "speed": SpeedConfig,
+            "speculative": SpeculativeEvalConfig}
 
 
 @dataclass
@@ -139,6 +179,7 @@ class EvalConfig:
     task_limit: int | float | None = None
     task_batch_size: int = 8
     speed: SpeedConfig | None = field(default_factory=SpeedConfig)
+    speculative: SpeculativeEvalConfig | None = None   # stages as drafts of the base; off unless given
     threads: int | None = None
     dtype: str = "float32"
     kernels: str = "native"
@@ -233,7 +274,28 @@ def check_eval_against_context(cfg: EvalConfig, context: int | None, where: str 
         raise ConfigError(exc.message, f"{where}.{exc.where}" if exc.where else where) from None
     if resolve is None:
         return
-    for name in ("perplexity", "kl"):
+    for name in ("perplexity", "kl", "speculative"):
         section = getattr(cfg, name)
-        if section is not None and not Path(resolve(section.file)).is_file():
+        if section is not None and section.file is not None and not Path(resolve(section.file)).is_file():
             raise ConfigError(f"evaluation text not found: {resolve(section.file)}", f"{where}.{name}.file")
+
+
+def speculative_text(cfg: EvalConfig) -> str:
+    """The text the speculative prompts are cut from: its own ``file``, else the
+    perplexity file, else the default eval text (unresolved: the caller resolves)."""
+    spec = cfg.speculative
+    if spec is not None and spec.file is not None:
+        return spec.file
+    return cfg.perplexity.file if cfg.perplexity is not None else DEFAULT_EVAL_TEXT
+
+
+def check_speculative_drafts(cfg: EvalConfig, stages: list[str], where: str = "eval") -> None:
+    """ConfigError at ``where.speculative.drafts`` for a draft that names no stage of the
+    recipe (the base is the target, not a draft)."""
+    if cfg.speculative is None:
+        return
+    for name in cfg.speculative.drafts:
+        if name not in stages:
+            raise ConfigError(f"{name!r} names no stage of the recipe (stages: {', '.join(stages)}); "
+                              "each draft is a stage measured as a draft of the base",
+                              f"{where}.speculative.drafts")

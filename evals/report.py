@@ -2,10 +2,12 @@
 
 A stage record is a plain dict: ``name, path, parameters, size_bytes, bits_per_weight,
 perplexity, kl_to_base, top1_agreement, tasks {task: {metric: value}}, prefill_tok_s,
-decode_tok_s`` plus anything extra (kept in the JSON). The first record is the unmodified
-model, ``base``. Both files are written atomically (temporary file, then rename); the
-plots (``evals/report_plots.py``: perplexity and decode speed against size, Pareto front
-highlighted) are PNGs beside them, linked from ``report.md``, or a note says why not.
+decode_tok_s`` plus anything extra (kept in the JSON; ``speculative``: the stage's figures
+as a speculative draft of the base, ``evals/speculative.py``, in a table of its own). The
+first record is the unmodified model, ``base``. Both files are written atomically
+(temporary file, then rename); the plots (``evals/report_plots.py``: perplexity and decode
+speed against size, Pareto front highlighted) are PNGs beside them, linked from
+``report.md``, or a note says why not.
 """
 
 from __future__ import annotations
@@ -139,6 +141,45 @@ def _plots_section(plots) -> list[str]:
     return lines
 
 
+SPECULATIVE_COLUMNS = [  # (key of rec["speculative"], header, format)
+    ("k", "k", "{}"),
+    ("alpha", "α per token", "{:.3f}"),
+    ("tokens_per_pass", "tokens / verify", "{:.2f}"),
+    ("target_tok_s", "base alone tok/s", "{:,.1f}"),
+    ("spec_tok_s", "with draft tok/s", "{:,.1f}"),
+    ("speedup", "speedup", "{:.2f}x"),
+]
+
+
+def _speculative_section(stages: list[dict]) -> list[str]:
+    """The table of the stages measured as speculative drafts of the base (records with
+    ``speculative``, or an error in that cell); no lines when there are none."""
+    drafts = [s for s in stages if s.get("speculative") or "speculative" in (s.get("errors") or {})]
+    if not drafts:
+        return []
+    target = stages[0].get("name", "base") if stages else "base"
+    lines = ["", f"## Speculative decoding (drafts of {target})", ""]
+    first = next((s["speculative"] for s in drafts if s.get("speculative")), None)
+    if first:
+        lines += [f"Each stage as a draft of `{target}`: batch 1, greedy, {first.get('prompts')} prompts of "
+                  f"{first.get('prompt_len')} tokens of the eval text, {first.get('new_tokens')} new tokens each; "
+                  f"tok/s are decode medians over {first.get('rounds')} rounds alternating the target alone and "
+                  "with the draft, speedup the median of the rounds' ratios. α: accepted draft tokens / (accepted "
+                  "+ verify passes that rejected one); tokens / verify: tokens appended per verify pass. The "
+                  "outputs with a draft must be identical to the target's alone.", ""]
+    head = ["draft"] + [h for _, h, _ in SPECULATIVE_COLUMNS] + ["identical"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in drafts:
+        r = s.get("speculative")
+        if not r:
+            cells = [ERROR_CELL] * (len(head) - 1)
+        else:
+            cells = [_fmt(r.get(k), f) for k, _, f in SPECULATIVE_COLUMNS]
+            cells.append("yes" if r.get("identical") else ERROR_CELL)
+        lines.append("| " + " | ".join([f"`{s.get('name', '?')}`"] + cells) + " |")
+    return lines
+
+
 def render_markdown(stages: list[dict], title: str = "compress report",
                     machine: dict | None = None, plots=None) -> str:
     """``plots``: the :class:`evals.report_plots.PlotResult` of the PNGs beside the report."""
@@ -172,6 +213,7 @@ def render_markdown(stages: list[dict], title: str = "compress report",
                     cell += f" ± {err:.4f}"
                 cells.append(cell)
             lines.append("| " + " | ".join(cells) + " |")
+    lines += _speculative_section(stages)
     errors = [(s.get("name", "?"), cell, _error_message(e)) for s in stages
               for cell, e in (s.get("errors") or {}).items()]
     if errors:
