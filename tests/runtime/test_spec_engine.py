@@ -86,6 +86,9 @@ def test_greedy_output_is_the_targets_for_every_k(target, llama_dir, random_draf
         stats = llm.engine.stats()
         assert stats["spec_steps"] > 0 and stats["spec_draft_tokens"] > 0
         assert stats["spec_emitted_tokens"] == stats["spec_accepted_tokens"] + stats["spec_rows"]
+        assert stats["spec_rejections"] <= sum(stats["spec_accepted_hist"][:k])
+        if draft == "self":
+            assert stats["spec_rejections"] == 0 and stats["spec_acceptance_per_token"] == 1.0
         alphas[k] = stats["spec_acceptance_rate"]
     if draft == "self":
         assert all(a == 1.0 for a in alphas.values())

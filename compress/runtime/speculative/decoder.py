@@ -35,13 +35,18 @@ class SpecStats:
     draft_tokens: int = 0          # tokens proposed
     accepted_tokens: int = 0       # of those, kept
     emitted_tokens: int = 0        # tokens appended (accepted + recovered / bonus, up to a stop)
+    rejections: int = 0            # rows whose draft the target cut short
     accepted_hist: list[int] = field(default_factory=list)   # rows that kept m tokens, by m
 
     def as_dict(self) -> dict:
         rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+        # per token: the chance that the next draft token is kept (tokens after a rejection
+        # are never judged), the alpha of (1 - alpha^(k+1)) / (1 - alpha)
+        judged = self.accepted_tokens + self.rejections
         return {"spec_steps": self.steps, "spec_rows": self.rows, "spec_draft_tokens": self.draft_tokens,
                 "spec_accepted_tokens": self.accepted_tokens, "spec_emitted_tokens": self.emitted_tokens,
-                "spec_acceptance_rate": rate,
+                "spec_acceptance_rate": rate, "spec_rejections": self.rejections,
+                "spec_acceptance_per_token": self.accepted_tokens / judged if judged else None,
                 "spec_mean_tokens_per_row_step": self.emitted_tokens / self.rows if self.rows else None,
                 "spec_accepted_hist": list(self.accepted_hist)}
 
@@ -129,6 +134,7 @@ class SpeculativeDecoder:
         st.draft_tokens += len(draft)
         st.accepted_tokens += verdict.num_accepted
         st.accepted_hist[verdict.num_accepted] += 1
+        st.rejections += verdict.num_accepted < len(draft)
         base = seq.num_tokens
         engine.tokens_decoded += 1 + len(draft)
         for token, lp in zip(verdict.tokens, self._logprobs(seq, row_logits, verdict.tokens)):
