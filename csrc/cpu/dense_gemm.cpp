@@ -49,27 +49,52 @@ COMPRESS_TARGET("avx512f,avx512bw,avx512vl") inline __m512 load16_masked(const W
   }
 }
 
-// Rows [n0, n1) of W against the M (<= 16) rows of x (float32, row stride K); y[m * N + n].
+// Weight rows per register tile for M rows of x: the M x NT accumulators stay in registers
+// and each x vector loaded serves NT weight rows (fewer reads of x, which for 8 rows of
+// K = 1024 no longer fits L1 beside the weights). A (row, output) sum runs the same way
+// in every tile shape, so the shape changes no result.
+template <int M>
+constexpr int avx512_tile_rows() { return M <= 4 ? 4 : M <= 8 ? 2 : 1; }
+template <int M>
+constexpr int avx2_tile_rows() { return M <= 2 ? 4 : M <= 4 ? 2 : 1; }
+
+// Weight rows n .. n + NT - 1 against the M rows of x (float32, row stride K); y[m * N + n].
+template <typename W, int M, int NT>
+COMPRESS_TARGET("avx512f,avx512bw,avx512vl")
+inline void tile_avx512(const float* x, const W* w, float* y, int64_t K, int64_t N, int64_t n) {
+  const int64_t K16 = K / 16 * 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (K - K16)) - 1u);
+  __m512 acc[M][NT];
+  for (int m = 0; m < M; ++m)
+    for (int j = 0; j < NT; ++j) acc[m][j] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K16; k += 16) {
+    __m512 wv[NT];
+    for (int j = 0; j < NT; ++j) wv[j] = load16(w + (n + j) * K + k);
+    for (int m = 0; m < M; ++m) {
+      const __m512 xv = _mm512_loadu_ps(x + m * K + k);
+      for (int j = 0; j < NT; ++j) acc[m][j] = _mm512_fmadd_ps(wv[j], xv, acc[m][j]);
+    }
+  }
+  if (tail) {
+    __m512 wv[NT];
+    for (int j = 0; j < NT; ++j) wv[j] = load16_masked(w + (n + j) * K + K16, tail);
+    for (int m = 0; m < M; ++m) {
+      const __m512 xv = _mm512_maskz_loadu_ps(tail, x + m * K + K16);
+      for (int j = 0; j < NT; ++j) acc[m][j] = _mm512_fmadd_ps(wv[j], xv, acc[m][j]);
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int j = 0; j < NT; ++j) y[m * N + n + j] = _mm512_reduce_add_ps(acc[m][j]);
+}
+
+// Rows [n0, n1) of W against the M (<= 16) rows of x.
 template <typename W, int M>
 COMPRESS_TARGET("avx512f,avx512bw,avx512vl")
 void rows_avx512(const float* x, const W* w, float* y, int64_t K, int64_t N, int64_t n0, int64_t n1) {
-  const int64_t K16 = K / 16 * 16;
-  const __mmask16 tail = static_cast<__mmask16>((1u << (K - K16)) - 1u);
-  for (int64_t n = n0; n < n1; ++n) {
-    const W* wr = w + n * K;
-    __m512 acc[M];
-    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K16; k += 16) {
-      const __m512 wv = load16(wr + k);
-      for (int m = 0; m < M; ++m) acc[m] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + m * K + k), acc[m]);
-    }
-    if (tail) {
-      const __m512 wv = load16_masked(wr + K16, tail);
-      for (int m = 0; m < M; ++m)
-        acc[m] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(tail, x + m * K + K16), acc[m]);
-    }
-    for (int m = 0; m < M; ++m) y[m * N + n] = _mm512_reduce_add_ps(acc[m]);
-  }
+  constexpr int NT = avx512_tile_rows<M>();
+  int64_t n = n0;
+  for (; n + NT <= n1; n += NT) tile_avx512<W, M, NT>(x, w, y, K, N, n);
+  for (; n < n1; ++n) tile_avx512<W, M, 1>(x, w, y, K, N, n);
 }
 
 // The same with 8 lanes (AVX2 + FMA); bfloat16 widened 8 at a time.
@@ -89,24 +114,37 @@ COMPRESS_TARGET("avx2,fma") inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
+template <typename W, int M, int NT>
+COMPRESS_TARGET("avx2,fma")
+inline void tile_avx2(const float* x, const W* w, float* y, int64_t K, int64_t N, int64_t n) {
+  const int64_t K8 = K / 8 * 8;
+  __m256 acc[M][NT];
+  for (int m = 0; m < M; ++m)
+    for (int j = 0; j < NT; ++j) acc[m][j] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K8; k += 8) {
+    __m256 wv[NT];
+    for (int j = 0; j < NT; ++j) wv[j] = load8(w + (n + j) * K + k);
+    for (int m = 0; m < M; ++m) {
+      const __m256 xv = _mm256_loadu_ps(x + m * K + k);
+      for (int j = 0; j < NT; ++j) acc[m][j] = _mm256_fmadd_ps(wv[j], xv, acc[m][j]);
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int j = 0; j < NT; ++j) {
+      const W* wr = w + (n + j) * K;
+      float s = hsum8(acc[m][j]);
+      for (int64_t k = K8; k < K; ++k) s += static_cast<float>(wr[k]) * x[m * K + k];
+      y[m * N + n + j] = s;
+    }
+}
+
 template <typename W, int M>
 COMPRESS_TARGET("avx2,fma")
 void rows_avx2(const float* x, const W* w, float* y, int64_t K, int64_t N, int64_t n0, int64_t n1) {
-  const int64_t K8 = K / 8 * 8;
-  for (int64_t n = n0; n < n1; ++n) {
-    const W* wr = w + n * K;
-    __m256 acc[M];
-    for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K8; k += 8) {
-      const __m256 wv = load8(wr + k);
-      for (int m = 0; m < M; ++m) acc[m] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + m * K + k), acc[m]);
-    }
-    for (int m = 0; m < M; ++m) {
-      float s = hsum8(acc[m]);
-      for (int64_t k = K8; k < K; ++k) s += static_cast<float>(wr[k]) * x[m * K + k];
-      y[m * N + n] = s;
-    }
-  }
+  constexpr int NT = avx2_tile_rows<M>();
+  int64_t n = n0;
+  for (; n + NT <= n1; n += NT) tile_avx2<W, M, NT>(x, w, y, K, N, n);
+  for (; n < n1; ++n) tile_avx2<W, M, 1>(x, w, y, K, N, n);
 }
 
 // Without AVX2: one fixed order per row as well.
