@@ -58,6 +58,10 @@ def test_seed_spread_and_goals():
     noisy = add_recovery(rows_of(width_kd=(4.5, 4.7), scratch_kd=(4.6, 4.7)))
     met = {g["goal"]: g["met"] for g in goals(noisy)}
     assert met["width + KD beats scratch by more than the seed spread at 1,000,000 tokens"] is False
+    # importance ahead of random by less than the seeds' spread (0.03) is not a win either
+    close = {g["goal"]: g for g in goals(add_recovery(rows_of(width_kd=(4.50, 4.52), random_kd=(4.52, 4.55))))}
+    assert close["importance beats random after KD on 1,000,000 tokens"]["met"] is False
+    assert "within the spread" in close["importance beats random after KD on 1,000,000 tokens"]["detail"]
 
 
 def test_the_arm_plan_runs_headline_arms_per_seed_and_starts_first():
