@@ -252,3 +252,14 @@ def test_sampled_tokens_follow_the_target_and_alpha_is_sum_of_min(tmp_path):
     measured = stats["spec_accepted_tokens"] / n
     sd = math.sqrt(alpha * (1 - alpha) / n)
     assert 0.05 < alpha < 0.95 and abs(measured - alpha) < 4 * sd, (measured, alpha)
+
+
+def test_a_sliding_window_target_verifies_within_its_window(tmp_path_factory, tokenizer):
+    """A Mistral whose window (6) is shorter than the prompts: the verify pass's one-token
+    rows each attend to their own last 6 positions, as plain decoding does."""
+    path, _ = save_model(tmp_path_factory.mktemp("mistral-spec"), "mistral", tokenizer, sliding_window=6)
+    want = [o.token_ids for o in LLM(path).generate(PROMPTS, greedy(max_tokens=20))]
+    for k in (2, 4):
+        llm = spec_llm(path, path, k)
+        assert [o.token_ids for o in llm.generate(PROMPTS, greedy(max_tokens=20))] == want
+        assert llm.engine.stats()["spec_acceptance_per_token"] == 1.0
