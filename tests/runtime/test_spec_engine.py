@@ -263,3 +263,12 @@ def test_a_sliding_window_target_verifies_within_its_window(tmp_path_factory, to
         llm = spec_llm(path, path, k)
         assert [o.token_ids for o in llm.generate(PROMPTS, greedy(max_tokens=20))] == want
         assert llm.engine.stats()["spec_acceptance_per_token"] == 1.0
+
+
+def test_a_bfloat16_target_with_an_int4_draft_keeps_its_greedy_output(llama_dir, pipeline_draft):
+    """bf16 activations and weights (the decode plan's dense bf16 GEMM is batch-invariant
+    as well), the pipeline's int4 draft loaded in bf16 too."""
+    want = [o.token_ids for o in LLM(llama_dir, dtype="bfloat16").generate(PROMPTS, greedy())]
+    llm = LLM(llama_dir, dtype="bfloat16", speculative={"model": str(pipeline_draft), "num_speculative_tokens": 3})
+    assert [o.token_ids for o in llm.generate(PROMPTS, greedy())] == want
+    assert llm.engine.stats()["spec_draft_tokens"] > 0
