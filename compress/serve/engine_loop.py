@@ -24,6 +24,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import torch
+
 from compress.serve.logprobs import TokenLogprob, from_engine, prompt_logprobs
 
 log = logging.getLogger(__name__)
@@ -179,8 +181,10 @@ class EngineLoop:
         elif kind == "score":
             _, rid, prompt_ids, top_k, sink = cmd
             try:
-                logits = self.llm.logits([list(prompt_ids)])[0]
-                sink(ScoreResult(rid, prompt_logprobs(logits, prompt_ids, top_k)))
+                with torch.inference_mode():
+                    hidden = self.llm.runner.hidden_states(torch.tensor([list(prompt_ids)]))[0]
+                    scored = prompt_logprobs(hidden, prompt_ids, top_k, head=self.llm.model.logits)
+                sink(ScoreResult(rid, scored))
             except Exception as exc:   # noqa: BLE001
                 log.exception("scoring %s failed", rid)
                 sink(Failure(rid, _describe(exc), 500))

@@ -29,15 +29,20 @@ class TokenLogprob:
     top: list[tuple[int, float]] = field(default_factory=list)   # most likely first
 
 
-def prompt_logprobs(logits: torch.Tensor, token_ids: Sequence[int], top_k: int) -> list[TokenLogprob]:
-    """``logits [T, V]`` of a prompt of ``T`` tokens -> one :class:`TokenLogprob` per token."""
+def prompt_logprobs(logits: torch.Tensor, token_ids: Sequence[int], top_k: int,
+                    head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[TokenLogprob]:
+    """``logits [T, V]`` of a prompt of ``T`` tokens -> one :class:`TokenLogprob` per token.
+    With ``head`` (hidden states -> logits), ``logits`` are the final hidden states
+    ``[T, H]`` and the head runs a chunk of positions at a time, so a long prompt over a
+    large vocabulary never holds its whole ``[T, V]`` logits (2,048 x 128k fp32: 1 GiB)."""
     ids = torch.as_tensor(list(token_ids), dtype=torch.long)
     if logits.dim() != 2 or logits.shape[0] != ids.numel():
         raise ValueError(f"prompt_logprobs: logits {tuple(logits.shape)} do not match {ids.numel()} tokens")
     out = [TokenLogprob(int(ids[0]), None)]
     for start in range(0, ids.numel() - 1, ROWS_PER_CHUNK):
         stop = min(start + ROWS_PER_CHUNK, ids.numel() - 1)
-        lp = torch.log_softmax(logits[start:stop].float(), dim=-1)
+        rows = logits[start:stop] if head is None else head(logits[start:stop])
+        lp = torch.log_softmax(rows.float(), dim=-1)
         targets = ids[start + 1:stop + 1]
         chosen = lp.gather(-1, targets.unsqueeze(-1)).squeeze(-1).tolist()
         if top_k > 0:

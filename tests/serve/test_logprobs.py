@@ -22,6 +22,27 @@ def test_prompt_logprobs_match_log_softmax(monkeypatch):
         assert out[t].top[0][1] == top.values[0].item()
 
 
+def test_a_head_applied_per_chunk_scores_as_whole_logits_do(monkeypatch):
+    """From hidden states with the head run a chunk at a time (no [T, V] tensor): the
+    same entries as from the whole logits, each chunk's rows through the same head."""
+    monkeypatch.setattr(logprobs_module, "ROWS_PER_CHUNK", 3)
+    torch.manual_seed(1)
+    hidden, head = torch.randn(8, 5), torch.randn(11, 5)
+    calls = []
+
+    def logits_of(h):
+        calls.append(h.shape[0])
+        return h @ head.t()
+
+    ids = [4, 1, 7, 7, 0, 10, 3, 2]
+    got = prompt_logprobs(hidden, ids, top_k=2, head=logits_of)
+    # the first T - 1 positions are scored, in chunks [0, 3), [3, 6), [6, 7)
+    want = prompt_logprobs(torch.cat([logits_of(hidden[i:min(i + 3, 7)]) for i in range(0, 7, 3)]
+                                     + [logits_of(hidden[7:8])]), ids, top_k=2)
+    assert calls[:3] == [3, 3, 1] and max(calls) <= 3
+    assert [(e.token_id, e.logprob, e.top) for e in got] == [(e.token_id, e.logprob, e.top) for e in want]
+
+
 def test_greedy_token_is_exactly_the_top_one():
     logits = torch.tensor([[0.0, 5.0, 1.0], [2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
     out = prompt_logprobs(logits, [0, 1, 2], top_k=1)
