@@ -7,9 +7,9 @@ engine with its speculative step on and off), taken alternately -- per prompt, a
 with the draft -- over ``rounds`` rounds. Figures:
 
 * ``alpha``: acceptance per draft token, accepted / (accepted + rows that rejected one),
-  rows counted by a pass-through drafter (``compress/bench/spec_timing.CountingDrafter``:
-  a row rejected when the target kept fewer tokens than the draft proposed, so a row whose
-  room was cut below k by ``max_tokens`` is not counted as a rejection);
+  the engine's ``spec_acceptance_per_token`` (a row rejected when the target kept fewer
+  tokens than the draft proposed, so a row whose room was cut below k by ``max_tokens``
+  is not counted as a rejection);
 * ``tokens_per_pass``: tokens appended per verify pass of a sequence (accepted + the
   target's own), emitted / rows;
 * ``target_tok_s`` / ``spec_tok_s``: decode tokens/s (tokens after the first over the
@@ -33,24 +33,21 @@ from evals.eval_config import SpeculativeEvalConfig
 log = logging.getLogger(__name__)
 
 CELL = "speculative"
-COUNTERS = ("spec_rows", "spec_draft_tokens", "spec_accepted_tokens", "spec_emitted_tokens",
-            "rows_proposing", "rejections")
+COUNTERS = ("spec_rows", "spec_draft_tokens", "spec_accepted_tokens", "spec_emitted_tokens", "spec_rejections")
 
 
-def _counting_decoder(drafter, k: int):
-    """A fresh speculative step over ``drafter`` whose counters start at 0 (one run)."""
-    from compress.bench.spec_timing import CountingDrafter
+def _fresh_decoder(drafter, k: int):
+    """A speculative step over ``drafter`` whose counters start at 0 (one run)."""
     from compress.runtime.speculative import SpeculativeDecoder
 
-    counting = CountingDrafter(drafter)
-    return counting.bind(SpeculativeDecoder(counting, k))
+    return SpeculativeDecoder(drafter, k)
 
 
 def measure_draft(target: str | Path, draft: str | Path, spec: SpeculativeEvalConfig, text: str | Path,
                   dtype: str = "float32", kernels: str = "native", w4_activations: str | None = None) -> dict:
     """The figures of ``draft`` as a speculative draft of ``target`` (see the module's doc).
     Raises when they cannot be measured (a draft of another vocabulary, a text too short)."""
-    from compress.bench.spec_timing import decode_run, prompt_windows
+    from evals.decode_runs import decode_run, prompt_windows
     from compress.runtime import LLM
 
     if kernels == "transformers":
@@ -69,7 +66,7 @@ def measure_draft(target: str | Path, draft: str | Path, spec: SpeculativeEvalCo
         return decode_run(llm, [prompt], n)
 
     def with_draft(prompt, n=spec.new_tokens):
-        return decode_run(llm, [prompt], n, _counting_decoder(drafter, spec.k))
+        return decode_run(llm, [prompt], n, _fresh_decoder(drafter, spec.k))
 
     with torch.inference_mode():
         warm = min(spec.new_tokens, 8)      # native plans built, caches touched: untimed
@@ -97,7 +94,7 @@ def measure_draft(target: str | Path, draft: str | Path, spec: SpeculativeEvalCo
             plain_rates.append(plain)
             spec_rates.append(fast)
             ratios.append(fast / plain if plain > 0 else float("nan"))
-    accepted, rejections = counters["spec_accepted_tokens"], counters["rejections"]
+    accepted, rejections = counters["spec_accepted_tokens"], counters["spec_rejections"]
     return {
         "target": "base", "draft": str(draft), "k": spec.k, "prompts": len(windows),
         "prompt_len": spec.prompt_len, "new_tokens": spec.new_tokens, "rounds": spec.rounds,
