@@ -173,15 +173,20 @@ class LLMEngine:
         greedily), appended with its logprobs; the rows' outputs."""
         outputs = []
         tokens = tokens if tokens is not None else self._sample(rows, logits)
-        logprobs = self._logprobs(rows, logits, tokens)
-        max_len = self.max_seq_len
+        logprobs = self.chosen_logprobs(rows, logits, tokens)
         for seq, token, lp in zip(rows, tokens, logprobs):
-            seq.append(token, lp)
-            self.tokens_generated += 1
-            if seq.num_tokens >= max_len:
-                seq.finish("length")
+            self.append_token(seq, token, lp)
             outputs.append(self._finished(seq) if seq.finished else seq.output())
         return outputs
+
+    def append_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> bool:
+        """Appends a generated token (stops, ``max_tokens`` and the model's length checked);
+        whether ``seq`` has now finished."""
+        seq.append(token, logprob)
+        self.tokens_generated += 1
+        if seq.num_tokens >= self.max_seq_len:
+            seq.finish("length")
+        return seq.finished
 
     def _finished(self, seq: Sequence) -> RequestOutput:
         self.scheduler.finish(seq)
@@ -198,7 +203,9 @@ class LLMEngine:
         return self._sampler(logits).tolist()
 
     @staticmethod
-    def _logprobs(rows: list[Sequence], logits: torch.Tensor, tokens: list[int]) -> list[TokenLogprob | None]:
+    def chosen_logprobs(rows: list[Sequence], logits: torch.Tensor, tokens: list[int]) -> list[TokenLogprob | None]:
+        """Row r's ``tokens[r]`` scored under ``logits[r]`` for the rows whose request asks
+        for logprobs (None for the others); a sequence may fill several rows."""
         want = [r for r, s in enumerate(rows) if s.params.logprobs is not None]
         out: list[TokenLogprob | None] = [None] * len(rows)
         if not want:

@@ -1,8 +1,9 @@
 """The engine's speculative step: draft, verify in one target pass, accept, roll back.
 
-A step whose rows are all decodes (each sequence has exactly its last token left to
-compute) runs speculatively; a step with a prefill chunk runs as usual (the draft
-catches up on the prompt at its next speculative step). For each row:
+The decode rows of a step (each sequence has exactly its last token left to compute)
+run speculatively; the step's prefill chunks run in the same target pass as they would
+in a plain step (the draft catches up on a prompt at the sequence's first speculative
+step). A step without a decode row is left to the engine. For each decode row:
 
 1. ``k_r`` draft tokens at most: ``num_speculative_tokens``, fewer where ``max_tokens``,
    the model's length or the free KV blocks leave less room;
@@ -23,9 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from compress.runtime.sequence import RequestOutput, Sequence, TokenLogprob
+from compress.runtime.sequence import RequestOutput, Sequence
 from compress.runtime.speculative.rejection import target_probs, verify_greedy, verify_sampled
-from compress.runtime.sampling import token_logprobs_topk
 
 
 @dataclass
@@ -137,13 +137,11 @@ class SpeculativeDecoder:
         st.rejections += verdict.num_accepted < len(draft)
         base = seq.num_tokens
         engine.tokens_decoded += 1 + len(draft)
-        for token, lp in zip(verdict.tokens, self._logprobs(seq, row_logits, verdict.tokens)):
-            seq.append(token, lp)
+        n = len(verdict.tokens)
+        logprobs = engine.chosen_logprobs([seq] * n, row_logits[:n], verdict.tokens)
+        for token, lp in zip(verdict.tokens, logprobs):
             st.emitted_tokens += 1
-            engine.tokens_generated += 1
-            if not seq.finished and seq.num_tokens >= engine.max_seq_len:
-                seq.finish("length")
-            if seq.finished:
+            if engine.append_token(seq, token, lp):
                 break
         # computed: the old last token and the kept draft tokens now in the sequence
         seq.num_computed_tokens = min(base + verdict.num_accepted, seq.num_tokens - 1)
@@ -153,10 +151,3 @@ class SpeculativeDecoder:
         engine.block_manager.trim(seq)
         engine.block_manager.register_full_blocks(seq)
         return seq.output()
-
-    @staticmethod
-    def _logprobs(seq: Sequence, row_logits: torch.Tensor, tokens: list[int]) -> list[TokenLogprob | None]:
-        if seq.params.logprobs is None:
-            return [None] * len(tokens)
-        found = token_logprobs_topk(row_logits[:len(tokens)], tokens, [int(seq.params.logprobs)] * len(tokens))
-        return [TokenLogprob(t, lp, top) for t, (lp, top) in zip(tokens, found)]
