@@ -27,10 +27,10 @@ from pathlib import Path
 
 import torch
 
-from compress.bench.spec_timing import CountingDrafter, DecodeRun, decode_run, expected_tokens, pass_costs, \
-    predicted_speedup, prompt_windows
+from compress.bench.spec_timing import expected_tokens, pass_costs, predicted_speedup
 from compress.errors import UserError
 from compress.io.files import atomic_write_text
+from evals.decode_runs import DecodeRun, decode_run, prompt_windows
 
 REPO = Path(__file__).resolve().parents[2]
 EMBEDDED_MODEL = REPO / "models" / "pydoc-llama"
@@ -39,7 +39,7 @@ EXAMPLE_OUT = REPO / "out" / "speculative"       # what examples/speculative.yam
 DEFAULT_DRAFTS = ("depth-int4", "width-int4")
 DEFAULT_ASSISTANTS = ("depth-kd", "width-kd")               # float stages: transformers loads them
 SPEC_FIELDS = ("spec_draft_tokens", "spec_accepted_tokens", "spec_emitted_tokens", "spec_rows", "spec_steps",
-               "rows_proposing", "rejections")
+               "spec_rejections")
 
 
 class SpecBenchError(UserError):
@@ -61,21 +61,18 @@ def _drafter(llm, draft: str):
         return NgramDrafter(), None
     draft_llm = LLM(draft, dtype=llm.dtype, kernels=llm.kernels, max_seq_len=llm.max_seq_len,
                     max_batch_size=llm.engine.scheduler.max_num_seqs)
-    if draft_llm.model.vocab_size != llm.model.vocab_size:
-        raise SpecBenchError(f"--draft {draft}: vocabulary of {draft_llm.model.vocab_size} tokens, the target has "
-                             f"{llm.model.vocab_size}")
-    engine = llm.engine
-    drafter = ModelDrafter(draft_llm.model, engine.kv_cache.num_tokens, engine.block_manager.block_size,
-                           engine.kv_cache.dtype, engine.runner.native is not None)
+    try:
+        drafter = ModelDrafter.for_target(draft_llm.model, llm.engine, llm.engine.runner.native is not None, draft)
+    except ValueError as exc:
+        raise SpecBenchError(f"--draft {draft}: {exc}") from None
     return drafter, draft_llm
 
 
-def _counting_decoder(drafter, k: int):
-    """A fresh speculative step over ``drafter`` (its counters start at 0 for one run)."""
+def _fresh_decoder(drafter, k: int):
+    """A speculative step over ``drafter`` whose counters start at 0 (one run)."""
     from compress.runtime.speculative import SpeculativeDecoder
 
-    counting = CountingDrafter(drafter)
-    return counting.bind(SpeculativeDecoder(counting, k))
+    return SpeculativeDecoder(drafter, k)
 
 
 def _groups(windows: list, batch: int) -> list[list]:
@@ -113,7 +110,7 @@ def measure_draft(llm, draft: str, windows, args, target_costs: dict, log=print)
             base_forwards = getattr(drafter, "forwards", 0)
             for _ in range(args.repeats):
                 a = _run_all(llm, groups, args.new_tokens)
-                s = _run_all(llm, groups, args.new_tokens, lambda: _counting_decoder(drafter, k))
+                s = _run_all(llm, groups, args.new_tokens, lambda: _fresh_decoder(drafter, k))
                 plain.append(a.tok_s)
                 spec.append(s.tok_s)
                 ratios.append(s.tok_s / a.tok_s)
@@ -124,7 +121,8 @@ def measure_draft(llm, draft: str, windows, args, target_costs: dict, log=print)
             counters["draft_forwards"] = getattr(drafter, "forwards", 0) - base_forwards
             proposed, accepted = counters["spec_draft_tokens"], counters["spec_accepted_tokens"]
             alpha = accepted / proposed if proposed else 0.0
-            alpha_token = accepted / (accepted + counters["rejections"]) if accepted + counters["rejections"] else 0.0
+            judged = accepted + counters["spec_rejections"]     # tokens after a rejection are never judged
+            alpha_token = accepted / judged if judged else 0.0
             rows, steps = counters["spec_rows"], counters["spec_steps"]
             v = target_costs[b]["verify_s"][k] / step_s
             # where a speculative step's time goes: its passes (draft passes as counted, one verify) and the rest

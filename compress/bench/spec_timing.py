@@ -14,7 +14,6 @@ import time
 import torch
 
 from compress.runtime.sampling import SamplingParams
-from evals.decode_runs import DecodeRun, decode_run, prompt_windows  # noqa: F401  (re-exported)
 
 
 def _median_time(fn, repeats: int, warmup: int = 2) -> float:
@@ -74,56 +73,6 @@ def pass_costs(llm, prompts: list[list[int]], ks: list[int], repeats: int) -> di
     finally:
         live.close()
     return {"step_s": step, "verify_s": verify}
-
-
-class CountingDrafter:
-    """A drafter passed through, counting what the geometric model of acceptance needs:
-    rows that proposed tokens, and among them the rows where the target rejected one
-    (kept fewer than proposed). The per-token acceptance rate is then
-    accepted / (accepted + rejections); accepted / proposed (the engine's
-    ``spec_acceptance_rate``) also counts the tokens after a rejection, never verified.
-    ``bind(decoder)`` before use: a row's kept tokens are read off the decoder's counter,
-    which it updates just before it calls ``after_step`` for that row."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.name = inner.name
-        self.decoder = None
-        self.pending: dict[str, int] = {}
-        self.rows_proposing = 0
-        self.rejections = 0
-        self._accepted = 0
-
-    def bind(self, decoder):
-        self.decoder = decoder
-        self._accepted = decoder.stats.accepted_tokens
-        return decoder
-
-    @property
-    def forwards(self) -> int:
-        return getattr(self.inner, "forwards", 0)
-
-    def propose(self, seqs, ks):
-        proposal = self.inner.propose(seqs, ks)
-        for seq, tokens, k in zip(seqs, proposal.tokens, ks):
-            self.pending[seq.request_id] = min(len(tokens), k)
-        return proposal
-
-    def after_step(self, seq) -> None:
-        kept = self.decoder.stats.accepted_tokens - self._accepted
-        self._accepted = self.decoder.stats.accepted_tokens
-        proposed = self.pending.pop(seq.request_id, 0)
-        if proposed:
-            self.rows_proposing += 1
-            self.rejections += kept < proposed
-        self.inner.after_step(seq)
-
-    def release(self, request_id: str) -> None:
-        self.pending.pop(request_id, None)
-        self.inner.release(request_id)
-
-    def stats(self) -> dict:
-        return {**self.inner.stats(), "rows_proposing": self.rows_proposing, "rejections": self.rejections}
 
 
 def expected_tokens(alpha: float, k: int) -> float:

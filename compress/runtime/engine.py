@@ -134,7 +134,6 @@ class LLM:
         self.engine.eos_token_ids = self.eos_token_ids
         self.runner = self.engine.runner
         self.speculative = speculative
-        self.draft_model = None
         if speculative is not None:
             self.engine.speculative = SpeculativeDecoder(self._drafter(speculative, w4_activations, engine_args),
                                                          speculative.num_speculative_tokens)
@@ -145,15 +144,15 @@ class LLM:
         target (same dtype, kernels, device) with its own paged cache of the same size."""
         if spec.method == "ngram":
             return NgramDrafter(spec.prompt_lookup_max, spec.prompt_lookup_min)
-        draft = open_checkpoint(spec.model)
-        model = build_model(draft, self.dtype, self.device, self.kernels, self.model.max_seq_len,
+        model = build_model(open_checkpoint(spec.model), self.dtype, self.device, self.kernels, self.model.max_seq_len,
                             w4_activations=w4_activations)
-        if model.vocab_size != self.model.vocab_size:
-            raise ValueError(f"speculative: the draft {spec.model} has a vocabulary of {model.vocab_size} tokens, the "
-                             f"target {self.model.vocab_size}; a draft must share the target's tokenizer")
-        self.draft_model = model
-        return ModelDrafter(model, self.engine.kv_cache.num_tokens, self.engine.block_manager.block_size,
-                            self.engine.kv_cache.dtype, engine_args.get("native_decode", True))
+        return ModelDrafter.for_target(model, self.engine, engine_args.get("native_decode", True), spec.model)
+
+    @property
+    def draft_model(self):
+        """The draft model of speculative decoding, or None (none, or prompt lookup)."""
+        spec = self.engine.speculative
+        return getattr(spec.drafter, "model", None) if spec is not None else None
 
     @property
     def max_seq_len(self) -> int:

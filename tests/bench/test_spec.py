@@ -49,7 +49,7 @@ def test_bench_spec_self_draft_and_ngram(tmp_path, tiny_llama_dir, one_thread):
         assert r["v"] > 0 and r["target_tok_s"] > 0 and r["spec_tok_s"] > 0
     self_draft = recs[str(tiny_llama_dir)]
     assert self_draft["alpha"] == self_draft["alpha_token"] == 1.0      # the draft is the target
-    assert self_draft["counters"]["rejections"] == 0
+    assert self_draft["counters"]["spec_rejections"] == 0
     # every proposed token kept (fewer than k where max_tokens leaves less room), plus one
     assert self_draft["mean_accepted"] == self_draft["proposed_per_row"] > 1.0
     assert self_draft["tokens_per_pass"] == self_draft["mean_accepted"] + 1

@@ -56,6 +56,17 @@ class ModelDrafter:
         self.states: dict[str, DraftState] = {}
         self.forwards = 0       # draft forward passes (steps of the draft model)
 
+    @classmethod
+    def for_target(cls, model, engine, native_decode: bool = True, name: str = "draft") -> "ModelDrafter":
+        """A drafter of ``model`` for ``engine``'s target: the same vocabulary (else a
+        ValueError naming ``name``), a paged cache of as many positions as the target's,
+        in its blocks and element type."""
+        if model.vocab_size != engine.model.vocab_size:
+            raise ValueError(f"speculative: the draft {name} has a vocabulary of {model.vocab_size} tokens, the "
+                             f"target {engine.model.vocab_size}; a draft must share the target's tokenizer")
+        return cls(model, engine.kv_cache.num_tokens, engine.block_manager.block_size, engine.kv_cache.dtype,
+                   native_decode)
+
     @property
     def native(self) -> bool:
         return self.runner.native is not None
