@@ -33,30 +33,59 @@ def lookup(tokens: list[int], k: int, max_n: int, min_n: int = 1) -> list[int]:
     return []
 
 
+class NgramIndex:
+    """``lookup`` for one growing sequence in O(max_n) a step: for each n, the latest end
+    of every n-gram that is followed by a token, updated with the tokens appended since
+    the last call (a sequence's tokens only grow, preemption included)."""
+
+    def __init__(self, max_n: int, min_n: int):
+        self.max_n, self.min_n = max_n, min_n
+        self.ends: dict[int, dict[tuple, int]] = {n: {} for n in range(min_n, max_n + 1)}
+        self.indexed = 0     # n-grams ending at positions <= indexed are in ``ends``
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        total = len(tokens)
+        for end in range(self.indexed + 1, total):      # n-grams ending before the last token
+            for n, ends in self.ends.items():
+                if end >= n:
+                    ends[tuple(tokens[end - n:end])] = end
+        self.indexed = max(self.indexed, total - 1)
+        if k < 1:
+            return []
+        for n in range(min(self.max_n, total - 1), self.min_n - 1, -1):
+            end = self.ends[n].get(tuple(tokens[total - n:]))
+            if end is not None:
+                return tokens[end:end + k]
+        return []
+
+
 class NgramDrafter:
-    """``propose`` for each sequence up to its ``k`` tokens by prompt lookup. Holds no
-    state between steps."""
+    """``propose`` for each sequence up to its ``k`` tokens by prompt lookup; an index per
+    request (``NgramIndex``), dropped when the request ends."""
 
     name = "ngram"
 
-    def __init__(self, max_n: int = 4, min_n: int = 1, window: int = 4096):
+    def __init__(self, max_n: int = 4, min_n: int = 1):
         if min_n < 1 or max_n < min_n:
             raise ValueError(f"prompt lookup needs 1 <= prompt_lookup_min <= prompt_lookup_max, "
                              f"got min {min_n}, max {max_n}")
-        self.max_n, self.min_n, self.window = max_n, min_n, window
+        self.max_n, self.min_n = max_n, min_n
+        self.indexes: dict[str, NgramIndex] = {}
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Proposal:
         tokens = []
         for seq, k in zip(seqs, ks):
-            recent = seq.token_ids[-self.window:] if self.window else seq.token_ids
-            tokens.append(lookup(recent, k, self.max_n, self.min_n) if k > 0 else [])
+            index = self.indexes.get(seq.request_id)
+            if index is None:
+                index = self.indexes[seq.request_id] = NgramIndex(self.max_n, self.min_n)
+            tokens.append(index.propose(seq.token_ids, k))
         return Proposal(tokens, None)
 
     def after_step(self, seq: Sequence) -> None:
         pass
 
     def release(self, request_id: str) -> None:
-        pass
+        self.indexes.pop(request_id, None)
 
     def stats(self) -> dict:
         return {}
