@@ -36,17 +36,11 @@ CELL = "speculative"
 COUNTERS = ("spec_rows", "spec_draft_tokens", "spec_accepted_tokens", "spec_emitted_tokens", "spec_rejections")
 
 
-def _fresh_decoder(drafter, k: int):
-    """A speculative step over ``drafter`` whose counters start at 0 (one run)."""
-    from compress.runtime.speculative import SpeculativeDecoder
-
-    return SpeculativeDecoder(drafter, k)
-
-
 def measure_draft(target: str | Path, draft: str | Path, spec: SpeculativeEvalConfig, text: str | Path,
                   dtype: str = "float32", kernels: str = "native", w4_activations: str | None = None) -> dict:
     """The figures of ``draft`` as a speculative draft of ``target`` (see the module's doc).
     Raises when they cannot be measured (a draft of another vocabulary, a text too short)."""
+    from compress.runtime.speculative import SpeculativeDecoder   # a fresh one per run: its counters start at 0
     from evals.decode_runs import decode_run, prompt_windows
     from compress.runtime import LLM
 
@@ -66,7 +60,7 @@ def measure_draft(target: str | Path, draft: str | Path, spec: SpeculativeEvalCo
         return decode_run(llm, [prompt], n)
 
     def with_draft(prompt, n=spec.new_tokens):
-        return decode_run(llm, [prompt], n, _fresh_decoder(drafter, spec.k))
+        return decode_run(llm, [prompt], n, SpeculativeDecoder(drafter, spec.k))
 
     with torch.inference_mode():
         warm = min(spec.new_tokens, 8)      # native plans built, caches touched: untimed

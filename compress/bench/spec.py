@@ -68,13 +68,6 @@ def _drafter(llm, draft: str):
     return drafter, draft_llm
 
 
-def _fresh_decoder(drafter, k: int):
-    """A speculative step over ``drafter`` whose counters start at 0 (one run)."""
-    from compress.runtime.speculative import SpeculativeDecoder
-
-    return SpeculativeDecoder(drafter, k)
-
-
 def _groups(windows: list, batch: int) -> list[list]:
     """The windows in batches of ``batch`` (every batch size decodes the same windows)."""
     n = max(len(windows) // batch, 1)
@@ -97,6 +90,8 @@ def _run_all(llm, groups, new_tokens: int, make_decoder=None) -> DecodeRun:
 def measure_draft(llm, draft: str, windows, args, target_costs: dict, log=print) -> list[dict]:
     """One record per (batch, k) of ``draft``: α, accepted length, c, v, predicted and
     measured speedup, and whether the outputs equal the target alone's."""
+    from compress.runtime.speculative import SpeculativeDecoder   # a fresh one per run: its counters start at 0
+
     drafter, draft_llm = _drafter(llm, draft)
     records = []
     for b in args.batch:
@@ -110,7 +105,7 @@ def measure_draft(llm, draft: str, windows, args, target_costs: dict, log=print)
             base_forwards = getattr(drafter, "forwards", 0)
             for _ in range(args.repeats):
                 a = _run_all(llm, groups, args.new_tokens)
-                s = _run_all(llm, groups, args.new_tokens, lambda: _fresh_decoder(drafter, k))
+                s = _run_all(llm, groups, args.new_tokens, lambda: SpeculativeDecoder(drafter, k))
                 plain.append(a.tok_s)
                 spec.append(s.tok_s)
                 ratios.append(s.tok_s / a.tok_s)

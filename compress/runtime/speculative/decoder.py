@@ -89,14 +89,14 @@ class SpeculativeDecoder:
         bm = engine.block_manager
         ks = [self._room(engine, seqs[r]) for r in decode]
         proposal = self.drafter.propose([seqs[r] for r in decode], ks)
-        drafts: dict[int, list[int]] = {}
+        drafts: dict[int, tuple[list[int], torch.Tensor | None]] = {}   # row -> (tokens, their q or None)
         for j, r in enumerate(decode):
-            drafts[r] = proposal.tokens[j][:ks[j]]
-            bm.append_slots(seqs[r], 1 + len(drafts[r]))
+            drafts[r] = (proposal.tokens[j][:ks[j]], proposal.probs_of(j))
+            bm.append_slots(seqs[r], 1 + len(drafts[r][0]))
         rows, wanted = [], []
         for r, (seq, n) in enumerate(zip(seqs, num_new_tokens)):
             if r in drafts:
-                rows.append([seq.token_ids[-1]] + drafts[r])
+                rows.append([seq.token_ids[-1]] + drafts[r][0])
                 wanted.append(len(rows[-1]))
             else:   # a prefill chunk: its last token's logits when the prompt is then complete
                 rows.append(seq.token_ids[seq.num_computed_tokens:seq.num_computed_tokens + n])
@@ -115,7 +115,7 @@ class SpeculativeDecoder:
                 if wanted[r]:
                     due.append((seq, row_logits))
                 continue
-            outputs.append(self._accept(engine, seq, drafts[r], proposal.probs_of(decode.index(r)), row_logits))
+            outputs.append(self._accept(engine, seq, *drafts[r], row_logits))
         if due:
             outputs += engine.emit([s for s, _ in due], torch.cat([lg for _, lg in due]))
         return outputs
