@@ -67,10 +67,6 @@ class ModelDrafter:
         return cls(model, engine.kv_cache.num_tokens, engine.block_manager.block_size, engine.kv_cache.dtype,
                    native_decode)
 
-    @property
-    def native(self) -> bool:
-        return self.runner.native is not None
-
     def _state(self, seq: Sequence) -> DraftState:
         state = self.states.get(seq.request_id)
         if state is None:
