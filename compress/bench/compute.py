@@ -14,9 +14,9 @@ from compress import ops
 
 # multiply-accumulates per loop step of each recipe (csrc/cpu/compute_peak.cpp)
 MACS_PER_STEP = {"fp32_fma": 96, "int8_avx2": 256, "int16_avx2": 192, "int8_vnni": 1024,
-                 "fp32_fma512": 192, "amx_int8": 65536}
+                 "int8_vnni_panel": 768, "fp32_fma512": 192, "amx_int8": 65536}
 RECIPE_ISA = {"fp32_fma": "avx2", "int8_avx2": "avx2", "int16_avx2": "avx2", "int8_vnni": "avx512_vnni",
-              "fp32_fma512": "avx512_vnni", "amx_int8": "avx512_vnni"}
+              "int8_vnni_panel": "avx512_vnni", "fp32_fma512": "avx512_vnni", "amx_int8": "avx512_vnni"}
 FP32_RECIPES = ("fp32_fma512", "fp32_fma")  # best first: what an fp32 sgemm can reach
 
 

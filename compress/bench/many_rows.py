@@ -4,9 +4,11 @@ machinery of the lab ``csrc/cpu/lab/ab_many_rows.py``.
 Paths: ``int16``, the W8A8 int16 GEMM (csrc/cpu/w8a8_i16_avx2.inc) against the byte
 tiles (AVX2 CPUs without VNNI); ``amx``, the W8A8 AMX-INT8 tiles (csrc/cpu/w8a8_amx.inc)
 against the VNNI tiles; ``w4-amx``, the W4A16 AMX-BF16 tiles (csrc/cpu/w4a16_amx.inc)
-against the int8 tiles (CPUs with AMX). Elsewhere both settings run the same kernel.
+against the int8 tiles (CPUs with AMX); ``w4-panel``, the W4A8 panel GEMM
+(csrc/cpu/w4a8_panel.inc) against the four-row int8 tiles (AVX-512 VNNI). Elsewhere both
+settings run the same kernel.
 
-Each round calls the prepared op (``w8a8_gemm_prepared``, or ``w4a16_gemm_prepared``
+Each round calls the prepared op (``w8a8_gemm_prepared``, or ``w4a8_gemm_prepared``
 with groups of 128; fp32 x, row-tiled weights, warm caches) with the path on and off
 (its row threshold: compress.ops.set_w8a8_int16_min_rows / set_w8a8_amx_min_rows /
 set_w4a16_amx_min_rows) and fp32 ``matmul``, alternating, so the machine's drift hits
@@ -42,7 +44,12 @@ PATHS = {
     "int16": ManyRowPath(ops.set_w8a8_int16_min_rows, ops.w8a8_int16_min_rows, "int16", "bytes", "int16 GEMM", True),
     "amx": ManyRowPath(ops.set_w8a8_amx_min_rows, ops.w8a8_amx_min_rows, "amx", "vnni", "AMX tiles", True),
     "w4-amx": ManyRowPath(ops.set_w4a16_amx_min_rows, ops.w4a16_amx_min_rows, "amx", "int8", "W4A16 AMX tiles", False),
+    "w4-panel": ManyRowPath(ops.set_w4a8_panel_min_rows, ops.w4a8_panel_min_rows, "panel", "rows4",
+                            "W4A8 panel GEMM", False),
 }
+# The int4 paths run the int8-activation op (w4a8_gemm_prepared) and, with --model, a
+# model built with w4_activations="int8".
+W4_PATHS = ("w4-amx", "w4-panel")
 # Least SQNR between the two sides of an inexact path: one GEMM, and a whole model's
 # logits, where the two roundings compound over every layer (the 345M benchmark Llama's
 # int4 export read ~32 dB)
@@ -88,7 +95,8 @@ def usable(path: str) -> bool:
     """Whether this CPU (at the current ISA cap) takes the path at all."""
     isa = ops.cpu_isa()
     return {"int16": isa == "avx2", "amx": isa == "avx512_vnni" and ops.w8a8_amx_available(),
-            "w4-amx": isa == "avx512_vnni" and ops.w4a16_amx_available()}[path]
+            "w4-amx": isa == "avx512_vnni" and ops.w4a16_amx_available(),
+            "w4-panel": isa == "avx512_vnni"}[path]
 
 
 def default_path() -> str:
@@ -99,13 +107,13 @@ def _prepared_gemm(path: str, n: int, k: int, g: torch.Generator):
     """The path's prepared op on random weights of N x K: a function of x."""
     from compress.ops.reference import pack_int4, w4a16_prepare_cpu, w8a8_tile_cpu
 
-    if path == "w4-amx":
+    if path in W4_PATHS:
         group = 128 if k % 128 == 0 else 32
         prepared = w4a16_prepare_cpu(
             pack_int4(torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)),
             (torch.rand(n, k // group, generator=g) * 0.02 + 1e-3).half(),
             torch.randint(0, 16, (n, k // group), generator=g, dtype=torch.uint8))
-        return lambda x: torch.ops.compress.w4a16_gemm_prepared(x, *prepared, group)
+        return lambda x: torch.ops.compress.w4a8_gemm_prepared(x, *prepared, group)
     q = w8a8_tile_cpu(torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8))
     s = torch.rand(n, generator=g) * 0.01 + 1e-3
     return lambda x: torch.ops.compress.w8a8_gemm_prepared(x, q, s)
@@ -153,7 +161,7 @@ def prefill_ab(checkpoint: str, path: str, prompt_lengths: list[int], rounds: in
 
     which = PATHS[path]
     default = which.get_rows()
-    model = build_model(open_checkpoint(checkpoint))
+    model = build_model(open_checkpoint(checkpoint), w4_activations="int8" if path in W4_PATHS else "float")
     results = []
     try:
         for length in prompt_lengths:

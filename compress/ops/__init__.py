@@ -138,6 +138,20 @@ def w4a16_amx_min_rows() -> int:
     return _cpu_module().w4a16_amx_min_rows()
 
 
+def set_w4a8_panel_min_rows(rows: int) -> int:
+    """Fewest rows (M) for which the int8-activation int4 ops (``w4a8_gemm*``) at the
+    avx512_vnni level take the panel GEMM (csrc/cpu/w4a8_panel.inc: 16 activation rows
+    per vpdpbusd, weight panels unpacked per call) instead of the four-row tiles (default
+    8; AMX, where allowed, still takes its rows first); returns the previous value. The
+    same integer dots; only the order of the fp32 sums differs."""
+    return _cpu_module().set_w4a8_panel_min_rows(int(rows))
+
+
+def w4a8_panel_min_rows() -> int:
+    """The current row threshold of the W4A8 panel GEMM (see set_w4a8_panel_min_rows)."""
+    return _cpu_module().w4a8_panel_min_rows()
+
+
 def set_w4a16_mm_min_rows(rows: int) -> int:
     """Fewest rows (M) for which the float-activation int4 ops (``w4a16_gemm*``) dequantize
     blocks of weight rows to fp32 and multiply them with ``at::mm`` instead of running their

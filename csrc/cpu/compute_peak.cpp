@@ -116,30 +116,68 @@ int64_t peak_int8_avx2(int64_t iters, int8_t one) {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")
 int64_t peak_int8_vnni(int64_t iters, int8_t one) {
-  __m512i acc[4][4];
-  for (auto& row : acc)
-    for (auto& a : row) a = _mm512_setzero_si512();
+  // Sixteen named accumulators (4 rows x 4 weight vectors): GCC 12 kept an array of them
+  // in memory, a store per vpdpbusd, which had halved this peak.
+  __m512i c00 = _mm512_setzero_si512(), c01 = c00, c02 = c00, c03 = c00, c10 = c00, c11 = c00, c12 = c00,
+          c13 = c00, c20 = c00, c21 = c00, c22 = c00, c23 = c00, c30 = c00, c31 = c00, c32 = c00, c33 = c00;
   const __m512i zero = _mm512_setzero_si512();
-  __m512i w[4];
-  for (auto& v : w) v = _mm512_set1_epi8(one);
+  __m512i w0 = _mm512_set1_epi8(one), w1 = w0, w2 = w0, w3 = w0;
   alignas(64) int8_t ax[4][64];  // |x| rows, loaded every step as the tile does
   std::memset(ax, one, sizeof(ax));
   const __mmask64 neg = 0;  // x >= 0: the masked negate runs and changes nothing
   const int8_t* ap = &ax[0][0];
   for (int64_t it = 0; it < iters; ++it) {
-    __m512i a[4];
-    for (int m = 0; m < 4; ++m) a[m] = _mm512_load_si512(ap + 64 * m);
-    for (int n = 0; n < 4; ++n)
-      for (int m = 0; m < 4; ++m) acc[m][n] = _mm512_dpbusd_epi32(acc[m][n], a[m], _mm512_mask_sub_epi8(w[n], neg, zero, w[n]));
-    __asm__ volatile("" : "+v"(w[0]), "+v"(w[1]), "+v"(w[2]), "+v"(w[3]), "+r"(ap));
+    const __m512i a0 = _mm512_load_si512(ap), a1 = _mm512_load_si512(ap + 64), a2 = _mm512_load_si512(ap + 128),
+                  a3 = _mm512_load_si512(ap + 192);
+#define COMPRESS_VNNI_COLUMN(w, r0, r1, r2, r3)                       \
+  {                                                                  \
+    const __m512i ws = _mm512_mask_sub_epi8(w, neg, zero, w);         \
+    r0 = _mm512_dpbusd_epi32(r0, a0, ws);                            \
+    r1 = _mm512_dpbusd_epi32(r1, a1, ws);                            \
+    r2 = _mm512_dpbusd_epi32(r2, a2, ws);                            \
+    r3 = _mm512_dpbusd_epi32(r3, a3, ws);                            \
   }
-  int64_t s = 0;
-  for (auto& row : acc)
-    for (auto& v : row) {
-      alignas(64) int32_t lanes[16];
-      _mm512_store_si512(lanes, v);
-      for (int32_t l : lanes) s += l;
-    }
+    COMPRESS_VNNI_COLUMN(w0, c00, c10, c20, c30)
+    COMPRESS_VNNI_COLUMN(w1, c01, c11, c21, c31)
+    COMPRESS_VNNI_COLUMN(w2, c02, c12, c22, c32)
+    COMPRESS_VNNI_COLUMN(w3, c03, c13, c23, c33)
+#undef COMPRESS_VNNI_COLUMN
+    __asm__ volatile("" : "+v"(w0), "+v"(w1), "+v"(w2), "+v"(w3), "+r"(ap));
+  }
+  int64_t s = 0;  // each lane's sum stays below 2^31: iters <= 2^24
+  for (const __m512i& v : {c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33})
+    s += _mm512_reduce_add_epi32(v);
+  return s;
+}
+#pragma GCC pop_options
+
+// The W4A8 panel GEMM's inner step (w4a8_panel.inc, one 16-row m-block against 12
+// weight rows): one activation load, and per weight row a 4-byte broadcast (the u8
+// operand) into a zmm vpdpbusd; the per-block conversion and FMAs are left out.
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")
+int64_t peak_int8_vnni_panel(int64_t iters, int8_t one) {
+  // Twelve named accumulators: GCC 12 kept an array of them in memory (a store per
+  // vpdpbusd), whatever the asm statement named.
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0,
+          a9 = a0, a10 = a0, a11 = a0;
+  alignas(64) int32_t ax[16];
+  alignas(64) int32_t wb[12];
+  std::memset(ax, one, sizeof(ax));
+  std::memset(wb, one, sizeof(wb));
+  const __m512i* ap = reinterpret_cast<const __m512i*>(ax);
+  const int32_t* wp = wb;
+  for (int64_t it = 0; it < iters; ++it) {
+    const __m512i x = _mm512_load_si512(ap);
+#define COMPRESS_PANEL_STEP(acc, n) acc = _mm512_dpbusd_epi32(acc, _mm512_set1_epi32(wp[n]), x)
+    COMPRESS_PANEL_STEP(a0, 0); COMPRESS_PANEL_STEP(a1, 1); COMPRESS_PANEL_STEP(a2, 2); COMPRESS_PANEL_STEP(a3, 3);
+    COMPRESS_PANEL_STEP(a4, 4); COMPRESS_PANEL_STEP(a5, 5); COMPRESS_PANEL_STEP(a6, 6); COMPRESS_PANEL_STEP(a7, 7);
+    COMPRESS_PANEL_STEP(a8, 8); COMPRESS_PANEL_STEP(a9, 9); COMPRESS_PANEL_STEP(a10, 10); COMPRESS_PANEL_STEP(a11, 11);
+#undef COMPRESS_PANEL_STEP
+    __asm__ volatile("" : "+r"(ap), "+r"(wp));
+  }
+  int64_t s = 0;  // each lane's sum stays below 2^31: iters <= 2^24
+  for (const __m512i& v : {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11}) s += _mm512_reduce_add_epi32(v);
   return s;
 }
 #pragma GCC pop_options
@@ -221,6 +259,9 @@ int64_t compute_peak(const char* recipe, int64_t iters) {
   } else if (std::strcmp(recipe, "int8_vnni") == 0) {
     if (active_isa() < Isa::Avx512Vnni) throw std::runtime_error("int8_vnni needs AVX-512 VNNI");
     loop = [](int64_t n) { return peak_int8_vnni(n, 1); };
+  } else if (std::strcmp(recipe, "int8_vnni_panel") == 0) {
+    if (active_isa() < Isa::Avx512Vnni) throw std::runtime_error("int8_vnni_panel needs AVX-512 VNNI");
+    loop = [](int64_t n) { return peak_int8_vnni_panel(n, 1); };
   } else if (std::strcmp(recipe, "fp32_fma512") == 0) {
     if (detected_isa() < Isa::Avx512Vnni) throw std::runtime_error("fp32_fma512 needs AVX-512");
     loop = [](int64_t n) { return peak_fp32_fma512(n, 1.f); };
@@ -230,7 +271,8 @@ int64_t compute_peak(const char* recipe, int64_t iters) {
     loop = [](int64_t n) { return peak_amx_int8(n, 1); };
   } else {
     throw std::invalid_argument(
-        "unknown recipe; choose fp32_fma, int8_avx2, int16_avx2, int8_vnni, fp32_fma512 or amx_int8");
+        "unknown recipe; choose fp32_fma, int8_avx2, int16_avx2, int8_vnni, int8_vnni_panel, fp32_fma512 or "
+        "amx_int8");
   }
   const int threads = at::get_num_threads();
   std::atomic<int64_t> total{0};

@@ -3,7 +3,8 @@
 // the run-time ISA query / override used by compress.ops (cpu_isa, set_cpu_isa), the
 // W8A8 int16 GEMM's and AMX tiles' row thresholds (set_w8a8_int16_min_rows,
 // w8a8_int16_min_rows, set_w8a8_amx_min_rows, w8a8_amx_min_rows, w8a8_amx_available), the
-// W4A8 op's AMX tiles' (set_w4a16_amx_min_rows, w4a16_amx_min_rows, w4a16_amx_available), the
+// W4A8 op's AMX tiles' (set_w4a16_amx_min_rows, w4a16_amx_min_rows, w4a16_amx_available) and panel
+// GEMM's (set_w4a8_panel_min_rows, w4a8_panel_min_rows), the
 // float W4A16 op's at::mm threshold (set_w4a16_mm_min_rows, w4a16_mm_min_rows), the
 // compute-peak probe and the DecodePlan class (decode_plan.cpp).
 #include <Python.h>
@@ -57,6 +58,9 @@ static PyObject* py_set_w8a8_amx_min_rows(PyObject*, PyObject* arg) {
 static PyObject* py_set_w4a16_amx_min_rows(PyObject*, PyObject* arg) {
   return set_min_rows("set_w4a16_amx_min_rows", arg, compress_cpu::w4::set_amx_min_rows);
 }
+static PyObject* py_set_w4a8_panel_min_rows(PyObject*, PyObject* arg) {
+  return set_min_rows("set_w4a8_panel_min_rows", arg, compress_cpu::w4::set_panel_min_rows);
+}
 static PyObject* py_set_w4a16_mm_min_rows(PyObject*, PyObject* arg) {
   return set_min_rows("set_w4a16_mm_min_rows", arg, compress_cpu::w4::set_float_mm_min_rows);
 }
@@ -92,6 +96,11 @@ static PyMethodDef compress_c_methods[] = {
      "the previous value."},
     {"w4a16_amx_min_rows", py_get_rows<compress_cpu::w4::amx_min_rows>, METH_NOARGS,
      "Fewest rows for which w4a8_gemm* takes the AMX-BF16 tiles (set_w4a16_amx_min_rows)."},
+    {"set_w4a8_panel_min_rows", py_set_w4a8_panel_min_rows, METH_O,
+     "Fewest rows for which w4a8_gemm* at the avx512_vnni level takes the panel GEMM (16 activation rows per "
+     "vpdpbusd) instead of the four-row tiles (the same integer dots); returns the previous value."},
+    {"w4a8_panel_min_rows", py_get_rows<compress_cpu::w4::panel_min_rows>, METH_NOARGS,
+     "Fewest rows for which w4a8_gemm* takes the panel GEMM (set_w4a8_panel_min_rows)."},
     {"set_w4a16_mm_min_rows", py_set_w4a16_mm_min_rows, METH_O,
      "Fewest rows for which the float-activation int4 ops (w4a16_gemm*) dequantize weight blocks to fp32 "
      "and use at::mm instead of their register tiles (the same weights); returns the previous value."},

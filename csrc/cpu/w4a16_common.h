@@ -39,6 +39,13 @@ constexpr int64_t kW4AmxMinRows = 32;
 int64_t set_amx_min_rows(int64_t rows);
 int64_t amx_min_rows();
 
+// Fewest rows for which the avx512_vnni level (without AMX, or below the AMX threshold)
+// takes the panel GEMM of w4a8_panel.inc instead of the four-row tiles (default
+// kW4PanelMinRows); the same integer dots, fp32 sums in another order.
+constexpr int64_t kW4PanelMinRows = 8;
+int64_t set_panel_min_rows(int64_t rows);
+int64_t panel_min_rows();
+
 struct W4Args {
   int64_t M, N, K, G, KC, NG;  // KC: 64-chunks (ceil), NG: groups
   int64_t N4;                  // rows [0, N4) tiled by 4 (see above), the rest row-major

@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "cpu/amx_common.h"
@@ -76,7 +77,43 @@ void w4_avx512vnni(const W4Args& a, int64_t m0, int64_t m1, int64_t n0, int64_t 
   if (a.G == 32) vnni::w4_block_avx<true>(a, m0, m1, n0, n1);
   else vnni::w4_block_avx<false>(a, m0, m1, n0, n1);
 }
+
+#include "cpu/w4a8_panel.inc"
+
+// Many rows on the panel GEMM (w4a8_panel.inc): `a` carries the quantized activations.
+// The activation panel is built once; then m-chunks whose panel stays in L2, each a
+// pass of the threads over the weight panels (grabbed from a shared counter).
+void w4_panel_gemm(const W4Args& a) {
+  const int64_t MB = ceil_div(a.M, panel::kLanes);
+  // The calling thread's buffer (a decode step makes ~100 of these calls).
+  thread_local std::vector<uint8_t> act;
+  const int64_t bytes = panel::act_panel_bytes(MB, a.KC, a.NG);
+  if (static_cast<int64_t>(act.size()) < bytes) act = std::vector<uint8_t>(bytes);
+  panel::ActPanel p;
+  p.x_stride = a.KC * kChunk * panel::kLanes;
+  p.sx_stride = 2 * a.KC * panel::kLanes;
+  p.xg_stride = a.NG * panel::kLanes;
+  p.x = reinterpret_cast<int8_t*>(act.data());
+  p.sx = reinterpret_cast<float*>(act.data() + MB * p.x_stride);
+  p.xg = p.sx + MB * p.sx_stride;
+  at::parallel_for(0, MB, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t mb = b0; mb < b1; ++mb) panel::build_act_block(a, p, mb);
+  });
+  int64_t chunk = std::max<int64_t>(1, panel::kActBudget / (a.K * panel::kLanes));
+  const int64_t panels = ceil_div(a.N, panel::kPanelRows);
+  for (int64_t mb0 = 0; mb0 < MB; mb0 += chunk) {
+    const int64_t mb1 = std::min(MB, mb0 + chunk);
+    // grabs of 4 panels (48 output columns): adjacent panels on two threads write the same
+    // cache lines of y (at 1024 x 1024, 32 rows: 2 threads were slower than one)
+    parallel_grabs(panels, 4, [&](const auto& take) {
+      const Scratch mine(Scratch::kW4Panel, panel::thread_bytes(a.K));
+      for (int64_t p0, p1; take(p0, p1);) panel::run_panels(a, p, mb0, mb1, p0, p1, mine.data());
+    });
+  }
+}
 #pragma GCC pop_options
+
+std::atomic<int64_t> w4_panel_rows{kW4PanelMinRows};
 
 // ---- AMX-BF16 (on top of the AVX-512 VNNI level), many rows -------------------------
 // Not in the SIMDe build of csrc/cpu/tests/check_vnni_emulated.sh (no AMX to emulate,
@@ -150,6 +187,10 @@ at::Tensor w4a8_run(const at::Tensor& x_in, const at::Tensor& qweight_in,
   at::Tensor y = out ? *out : at::empty({M, N}, x.options().dtype(at::kFloat));
   W4Args a{M, N, K, G, KC, NG, N4, reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>()), s, z,
            xq, xs, xg, y.data_ptr<float>()};
+  if (active_isa() == Isa::Avx512Vnni && K % kChunk == 0 && M >= std::max<int64_t>(2, w4::panel_min_rows())) {
+    w4_panel_gemm(a);
+    return float_to_activation_dtype(y, x.scalar_type());
+  }
   void (*kernel)(const W4Args&, int64_t, int64_t, int64_t, int64_t) = w4_scalar;
   switch (active_isa()) {
     case Isa::Avx512Vnni: kernel = w4_avx512vnni; break;
@@ -164,6 +205,8 @@ at::Tensor w4a8_run(const at::Tensor& x_in, const at::Tensor& qweight_in,
 
 }  // namespace
 
+int64_t w4::set_panel_min_rows(int64_t rows) { return w4_panel_rows.exchange(rows); }
+int64_t w4::panel_min_rows() { return w4_panel_rows.load(std::memory_order_relaxed); }
 int64_t w4::set_amx_min_rows(int64_t rows) { return w4_amx_rows.exchange(rows); }
 int64_t w4::amx_min_rows() { return w4_amx_rows.load(std::memory_order_relaxed); }
 

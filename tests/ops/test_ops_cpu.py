@@ -116,16 +116,21 @@ def test_w4_scale_dtypes_and_odd_group(isa, scale_dtype, op):
 def test_w4a8_vnni_tiles_equal_avx2_bit_for_bit(shape):
     """On real AVX-512 VNNI hardware (the emulation harness checks the same under SIMDe)
     the int8-activation VNNI tiles give the AVX2 tiles' bytes, canonical and prepared,
-    below the AMX row threshold: vpdpbusd's int32 sums are vpmaddubsw + vpmaddwd's."""
+    below the AMX and panel row thresholds: vpdpbusd's int32 sums are vpmaddubsw +
+    vpmaddwd's (the panel GEMM sums in another order: tests/ops/test_w4a8_panel.py)."""
     m, n, k, group = shape
     qweight, scales, zeros = make_int4(n, k, group)
     prepared = reference.w4a16_prepare_cpu(qweight, scales, zeros)
     x = torch.randn(m, k)
     outs = {}
-    for name in ("avx512_vnni", "avx2"):
-        with ops.force_cpu_isa(name):
-            outs[name] = (torch.ops.compress.w4a8_gemm_prepared(x, *prepared, group),
-                          torch.ops.compress.w4a8_gemm(x, qweight, scales, zeros, group))
+    panel_rows = ops.set_w4a8_panel_min_rows(1 << 62)
+    try:
+        for name in ("avx512_vnni", "avx2"):
+            with ops.force_cpu_isa(name):
+                outs[name] = (torch.ops.compress.w4a8_gemm_prepared(x, *prepared, group),
+                              torch.ops.compress.w4a8_gemm(x, qweight, scales, zeros, group))
+    finally:
+        ops.set_w4a8_panel_min_rows(panel_rows)
     for vnni, avx2 in zip(outs["avx512_vnni"], outs["avx2"]):
         assert torch.equal(vnni, avx2)
 
