@@ -223,6 +223,10 @@ class LLMEngine:
                 "kv_blocks_used": bm.num_used_blocks, "kv_blocks_total": bm.num_blocks,
                 "kv_blocks_cached_free": len(bm.free_cached), "block_size": bm.block_size,
                 "kv_tokens_computed": sum(s.num_computed_tokens for s in sched.running),
+                # KV slots the running sequences hold past their computed positions: the
+                # free tail of each one's last block (paged: under one block a sequence)
+                "kv_slots_reserved_unused": sum(len(s.block_table) * bm.block_size - s.num_computed_tokens
+                                                for s in sched.running),
                 "num_preemptions": sched.num_preemptions,
                 "prefix_cache_hits": bm.hit_tokens, "prefix_cache_queries": bm.query_tokens,
                 "tokens_generated": self.tokens_generated, "tokens_prefilled": self.tokens_prefilled,

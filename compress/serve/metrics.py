@@ -63,6 +63,9 @@ def render_metrics(state) -> str:
     lines += _line("requests_disconnected_total", "counter", "Requests aborted because the client left.",
                    [({}, state.disconnected)])
     lines += _line("kv_blocks_used", "gauge", "KV cache blocks in use.", [({}, int(stats.get("kv_blocks_used", 0)))])
+    lines += _line("kv_slots_reserved_unused", "gauge",
+                   "KV slots the running sequences hold past their computed positions.",
+                   [({}, int(stats.get("kv_slots_reserved_unused", 0)))])
     lines += _line("kv_blocks_total", "gauge", "KV cache blocks in all.", [({}, int(stats.get("kv_blocks_total", 0)))])
     lines += _line("generated_tokens_total", "counter", "Tokens generated since start.",
                    [({}, int(stats.get("generated_tokens", 0)))])

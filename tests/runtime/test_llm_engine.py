@@ -28,8 +28,10 @@ def engine_for(model, **kw) -> LLMEngine:
     return LLMEngine(model, None, (), 0, **kw)
 
 
-def run(engine: LLMEngine, requests: list[tuple[str, list[int], SamplingParams]], arrivals: list[int]) -> dict:
-    """Adds request i before step arrivals[i]; steps until all are done. Token ids by id."""
+def run(engine: LLMEngine, requests: list[tuple[str, list[int], SamplingParams]], arrivals: list[int],
+        after_step=None) -> dict:
+    """Adds request i before step arrivals[i]; steps until all are done. Token ids by id.
+    ``after_step(engine)`` runs after every step."""
     order = sorted(range(len(requests)), key=lambda i: arrivals[i])
     done, step, pending = {}, 0, list(order)
     while pending or engine.has_unfinished():
@@ -40,6 +42,8 @@ def run(engine: LLMEngine, requests: list[tuple[str, list[int], SamplingParams]]
             assert out.request_id not in done
             if out.finished:
                 done[out.request_id] = out.token_ids
+        if after_step is not None:
+            after_step(engine)
         step += 1
         assert step < 10_000
     return done
@@ -76,8 +80,13 @@ def test_any_schedule_gives_each_request_its_tokens_alone(llm, seed):
                         max_num_seqs=rng.randrange(1, 9), enable_chunked_prefill=seed % 4 != 1,
                         enable_prefix_caching=seed % 2 == 0)
     arrivals = [rng.randrange(0, 12) for _ in reqs]
-    got = run(engine, reqs, arrivals)
+    reserve = []
+    got = run(engine, reqs, arrivals, after_step=lambda e: reserve.append(e.stats()))
     assert got == alone(model, reqs)
+    # KV reserved beyond what the running sequences use: under one block each, every step
+    for st in reserve:
+        unused, running = st["kv_slots_reserved_unused"], st["running"]
+        assert 0 <= unused < running * block_size or unused == running == 0
     stats = engine.stats()
     assert stats["kv_blocks_used"] == 0 and stats["running"] == stats["waiting"] == 0
     assert stats["tokens_generated"] == sum(len(t) for t in got.values())

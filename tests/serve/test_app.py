@@ -160,6 +160,7 @@ def test_health_and_metrics(server):
     text = requests.get(server.url + "/metrics").text
     for name in ("compress_requests_total", "compress_requests_running", "compress_requests_waiting",
                  "compress_queue_length", "compress_kv_blocks_used", "compress_kv_blocks_total",
+                 "compress_kv_slots_reserved_unused",
                  "compress_generation_tokens_per_second", "compress_generated_tokens_total"):
         assert f"\n{name}" in text or text.startswith(f"# HELP {name}"), name
     assert 'compress_requests_total{route="/v1/completions",status="200"}' in text
