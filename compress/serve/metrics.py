@@ -67,6 +67,7 @@ def render_metrics(state) -> str:
                    "KV slots the running sequences hold past their computed positions.",
                    [({}, int(stats.get("kv_slots_reserved_unused", 0)))])
     lines += _line("kv_blocks_total", "gauge", "KV cache blocks in all.", [({}, int(stats.get("kv_blocks_total", 0)))])
+    lines += _line("kv_block_size", "gauge", "Tokens a KV cache block holds.", [({}, int(stats.get("block_size", 0)))])
     lines += _line("generated_tokens_total", "counter", "Tokens generated since start.",
                    [({}, int(stats.get("generated_tokens", 0)))])
     lines += _line("generation_tokens_per_second", "gauge", "Tokens generated per second, last 10 s.",

@@ -38,6 +38,17 @@ class StubHandler(BaseHTTPRequestHandler):
             self._json(200, {"status": "ok"})
         elif self.path == "/v1/models":
             self._json(200, {"object": "list", "data": [{"id": "stub-model", "object": "model"}]})
+        elif self.path == "/metrics" and self.server.kv_metrics:
+            # as compress serve's gauges: each request in flight holds 3 slots past its tokens
+            with self.server.lock:
+                running = self.server.in_flight
+            data = (f"compress_requests_running {running}\ncompress_kv_slots_reserved_unused {3 * running}\n"
+                    f"compress_kv_blocks_used {2 * running}\ncompress_kv_block_size 16\n").encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
         else:
             self._json(404, {"error": {"message": "not found"}})
 
@@ -108,11 +119,13 @@ class StubServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, port: int = 0, token_delay: float = 0.01, first_delay: float = 0.02, chunked: bool = True,
-                 crlf: bool = False, split: bool = False, max_tokens_limit: int | None = None):
+                 crlf: bool = False, split: bool = False, max_tokens_limit: int | None = None,
+                 kv_metrics: bool = False):
         super().__init__(("127.0.0.1", port), StubHandler)
         self.token_delay, self.first_delay = token_delay, first_delay
         self.chunked, self.crlf, self.split = chunked, crlf, split
         self.max_tokens_limit = max_tokens_limit
+        self.kv_metrics = kv_metrics  # serve compress's KV gauges at /metrics
         self.lock = threading.Lock()
         self.received: list[dict] = []
         self.in_flight = self.max_in_flight = 0

@@ -24,7 +24,8 @@ def _args(tmp_path, repo_root, *extra):
 
 
 def test_bench_serve_against_running_servers(tmp_path, repo_root, capsys):
-    with StubServer(token_delay=0.002, first_delay=0.005) as a, StubServer(token_delay=0.002, first_delay=0.005) as b:
+    with StubServer(token_delay=0.02, first_delay=0.005, kv_metrics=True) as a, \
+            StubServer(token_delay=0.002, first_delay=0.005) as b:
         args = _args(tmp_path, repo_root, "--url", f"a={a.url}", "--url", f"b={b.url}", "--concurrency", "1", "3",
                      "--rounds", "2")
         assert command.main(args) == 0
@@ -47,6 +48,13 @@ def test_bench_serve_against_running_servers(tmp_path, repo_root, capsys):
     assert sent_b[7]["at"] < sent_a[7]["at"] and sent_a[1]["at"] < sent_b[1]["at"]
     assert result["settings"]["num_prompts"] == 6 and len(result["settings"]["workload_seeds"]) == 4
     assert "| b | random | c=3 | 12/0 |" in out
+    # the KV reserve sampled from a's /metrics while its loads ran (b has none): 3 slots a
+    # running sequence, in blocks of 16
+    kv = {r["load"]: r["kv_reserve"] for r in rows if r["peer"] == "a"}
+    assert all(k["samples"] > 0 and k["reserved_unused_per_seq_mean"] == k["reserved_unused_per_seq_max"] == 3.0
+               and k["block_size"] == 16 for k in kv.values())
+    assert all(r["kv_reserve"] is None for r in rows if r["peer"] == "b")
+    assert "KV reserved beyond use, a c=3: mean 3.0 slots a running sequence (0.19 blocks of 16)" in out
 
     merged = tmp_path / "m.json"
     args = _args(tmp_path, repo_root, "--merge", str(tmp_path / "r.json"), str(tmp_path / "r.json"))

@@ -20,6 +20,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from compress.bench.serve import kv_sampler
 from compress.bench.serve import peers as peers_mod
 from compress.bench.serve import report, run, workload
 from compress.bench.serve.client import http_json
@@ -162,6 +163,7 @@ def run_bench(args, log=print) -> dict:
                                           + (f" (log {peer.log_path})" if peer.log_path else ""))
         for load_index, (label, load) in enumerate(_loads(args)):
             results = {name: [] for name, _, _ in peers}
+            kv = {name: [] for name, _, _ in peers}
             for round_index in range(args.rounds):
                 seed = _workload_seed(args.seed, load_index, round_index)
                 seeds.append(seed)
@@ -169,8 +171,10 @@ def run_bench(args, log=print) -> dict:
                 order = peers if round_index % 2 == 0 else peers[::-1]
                 for name, _, target in order:
                     t0 = time.perf_counter()
-                    got = _run_load(target, requests, load, args, seed)
+                    with kv_sampler.KVSampler(target.base_url, target.headers) as sampler:
+                        got = _run_load(target, requests, load, args, seed)
                     results[name].append(got)
+                    kv[name].append(kv_sampler.summarize(sampler.samples))
                     s = report.summarize(got)
                     log(f"# {name} {label} round {round_index + 1}/{args.rounds}: {s['completed']} ok, "
                         f"{s['failed']} failed, {s['output_throughput']:.1f} output tok/s, TTFT p50 "
@@ -182,6 +186,7 @@ def run_bench(args, log=print) -> dict:
                        **report.summarize_rounds(results[name])}
                 if args.workload == "long-prompt":
                     row["long_prompt"] = report.long_prompt_stall(results[name])
+                row["kv_reserve"] = kv_sampler.merge(kv[name])
                 rows.append(row)
         commands = {name: _describe(peer) for name, peer, _ in peers}
     report.add_ratios(rows)
@@ -204,7 +209,8 @@ def _cpu() -> dict:
 def render(result: dict) -> str:
     text = report.markdown_table(result["rows"])
     stall = report.long_prompt_table(result["rows"])
-    return text + ("\n\n" + stall if stall else "")
+    kv = report.kv_reserve_lines(result["rows"])
+    return text + ("\n\n" + stall if stall else "") + ("\n\n" + kv if kv else "")
 
 
 def main(args) -> int:

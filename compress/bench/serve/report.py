@@ -196,3 +196,19 @@ def long_prompt_table(rows: Sequence[dict]) -> str:
                                         _fmt(s["p99_during_over_median"], 2), str(s["gaps_during"]),
                                         str(s["running_at_first_token"])]) + " |")
     return "\n".join(lines)
+
+
+def kv_reserve_lines(rows: Sequence[dict]) -> str:
+    """One line per row with a KV reserve figure (our servers): KV slots held past the
+    running sequences' computed positions, per running sequence, sampled from /metrics."""
+    lines = []
+    for r in rows:
+        kv = r.get("kv_reserve")
+        if kv:
+            bs = kv["block_size"] or float("nan")
+            lines.append(f"KV reserved beyond use, {r['peer']} {r['load']}: mean "
+                         f"{kv['reserved_unused_per_seq_mean']:.1f} slots a running sequence "
+                         f"({kv['reserved_unused_per_seq_mean'] / bs:.2f} blocks of {bs:g}), max "
+                         f"{kv['reserved_unused_per_seq_max']:.1f} ({kv['reserved_unused_per_seq_max'] / bs:.2f} blocks); "
+                         f"{kv['samples']} samples, at most {kv['blocks_used_max']:g} blocks in use")
+    return "\n".join(lines)
