@@ -70,7 +70,7 @@ def _int4_weights(n: int, k: int, group: int):
 
 
 # which same-size read (build_cases, M = 1) each of our ops is held against
-READ_LABEL = {"w4a16": "int4", "w8a8": "int8", "w8a8_outlier": "int8"}
+READ_LABEL = {"w4a16": "int4", "w4a8": "int4", "w8a8": "int8", "w8a8_outlier": "int8"}
 
 
 def _same_size_read(label: str) -> str:
@@ -100,6 +100,7 @@ def build_cases(m: int, n: int, k: int, impls: set[str] | None) -> list[Case]:
     prepared_bytes = qtiled.numel() * 4 + scale32.numel() * 5
     q8t = huge_page_copy(w8a8_tile_cpu(q8))
     w4 = torch.ops.compress.w4a16_gemm_prepared
+    w48 = torch.ops.compress.w4a8_gemm_prepared
     w8 = torch.ops.compress.w8a8_gemm_prepared
     w8o = torch.ops.compress.w8a8_outlier_gemm_prepared
 
@@ -107,6 +108,8 @@ def build_cases(m: int, n: int, k: int, impls: set[str] | None) -> list[Case]:
         cases += [
             Case("w4a16", "compress fp32", lambda: w4(x32, qtiled, scale32, zeros8, GROUP), prepared_bytes),
             Case("w4a16", "compress bf16", lambda: w4(x16, qtiled, scale32, zeros8, GROUP), prepared_bytes),
+            # the same weights with int8 activation blocks (LLM(w4_activations="int8"))
+            Case("w4a8", "compress fp32", lambda: w48(x32, qtiled, scale32, zeros8, GROUP), prepared_bytes),
             Case("w8a8", "compress fp32", lambda: w8(x32, q8t, s8), int8_bytes),
             Case("w8a8", "compress bf16", lambda: w8(x16, q8t, s8), int8_bytes),
             Case("w8a8_outlier", "compress fp32", lambda: w8o(x32, q8t, s8, idx, ow),
@@ -354,10 +357,13 @@ def _ratios(r: Record, by_impl: dict) -> str:
         "w4a16": ["torch _weight_int4pack_mm bf16", "torch matmul fp32", "bitsandbytes nf4 bf16"],
         "w8a8": ["torch _weight_int8pack_mm bf16", "torch matmul fp32", "bitsandbytes int8"],
         "w8a8_outlier": [],
+        "w4a8": ["torch _weight_int4pack_mm bf16", "torch matmul fp32"],
     }[r.op]
     parts = []
     for b in base:
-        key = (r.op, b) if (r.op, b) in by_impl else ("dense", b)
+        # the int4 baselines are recorded under w4a16 (the same weights)
+        own = "w4a16" if r.op == "w4a8" else r.op
+        key = (own, b) if (own, b) in by_impl else ("dense", b)
         if key in by_impl:
             parts.append(f"{by_impl[key].median_s / r.median_s:.2f}x {b.replace('torch ', '')}")
     if r.op == "w8a8_outlier" and ("w8a8", r.implementation) in by_impl:
