@@ -124,9 +124,10 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--kv-dtype", default="model", choices=["model", "float16", "bfloat16", "float32"])
     ap.add_argument("--json", help="append one JSON line per batch to this file")
+    ap.add_argument("--w4-activations", default="float", choices=["float", "int8"], help="int4 layers' activations")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    model = build_model(open_checkpoint(args.checkpoint))
+    model = build_model(open_checkpoint(args.checkpoint), w4_activations=args.w4_activations)
     kv_dtype = model.dtype if args.kv_dtype == "model" else getattr(torch, args.kv_dtype)
     with torch.inference_mode():
         for batch in args.batch:
