@@ -73,11 +73,11 @@ class LLM:
                  kv_cache_dtype=None, w4_activations: str = DEFAULT_W4_ACTIVATIONS, block_size: int = 16,
                  kv_cache_tokens: int | None = None, max_num_batched_tokens: int = 512,
                  enable_chunked_prefill: bool = True, enable_prefix_caching: bool = True, native_decode: bool = True,
-                 speculative=None):
+                 speculative=None, max_prefill_tokens_with_decodes: int | None = None):
         engine_args = dict(block_size=block_size, kv_cache_tokens=kv_cache_tokens,
                            max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
                            enable_prefix_caching=enable_prefix_caching, native_decode=native_decode,
-                           speculative=speculative)
+                           speculative=speculative, max_prefill_tokens_with_decodes=max_prefill_tokens_with_decodes)
         ckpt = open_checkpoint(path)
         directory = Path(getattr(ckpt, "path", None) or path)
         self.checkpoint_path = directory
@@ -293,7 +293,8 @@ class LLM:
 
 
 ENGINE_ARGS = {"block_size", "kv_cache_tokens", "max_num_batched_tokens", "enable_chunked_prefill",
-               "enable_prefix_caching", "native_decode"}   # and speculative (taken apart before the engine)
+               "enable_prefix_caching", "native_decode",
+               "max_prefill_tokens_with_decodes"}   # and speculative (taken apart before the engine)
 
 
 def _read_json(path: Path) -> dict:

@@ -44,12 +44,15 @@ class LLMEngine:
     the model's dtype). ``kv_cache_tokens``: positions the paged cache holds in all
     (rounded up to whole blocks); default: ``max_num_seqs`` rows of ``max_seq_len``,
     capped at half the memory (``kv_cache.default_num_blocks``). ``native_decode``:
-    run decode-only steps through the native plan where the model allows it."""
+    run decode-only steps through the native plan where the model allows it.
+    ``max_prefill_tokens_with_decodes``: the prompt tokens a step that also decodes may
+    take (``scheduler.py``)."""
 
     def __init__(self, model: LlamaFamilyModel, tokenizer=None, eos_token_ids=(), bos_token_id: int | None = None,
                  *, kv_cache_dtype=None, block_size: int = 16, kv_cache_tokens: int | None = None,
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 512, enable_chunked_prefill: bool = True,
-                 enable_prefix_caching: bool = True, native_decode: bool = True, speculative=None):
+                 enable_prefix_caching: bool = True, native_decode: bool = True, speculative=None,
+                 max_prefill_tokens_with_decodes: int | None = None):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.model = model
@@ -69,7 +72,8 @@ class LLMEngine:
         self.kv_cache = PagedKVCache(n_layers, num_blocks, model.n_kv_heads, block_size, model.head_dim,
                                      kv_dtype, model.device)
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill,
+                                   max_prefill_tokens_with_decodes)
         self.runner = ModelRunner(model, self.kv_cache, _native_decode(model) if native_decode else None)
         self.requests: dict[str, Sequence] = {}
         self.tokens_generated = 0

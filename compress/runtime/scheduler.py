@@ -9,6 +9,12 @@ and the free KV blocks allow: a prefix-cache hit counts as computed, the rest of
 prompt is this step's chunk. Without chunked prefill a prompt runs whole in one step;
 one longer than what is left of the budget is admitted only as the step's first prompt.
 
+``max_prefill_tokens_with_decodes`` (chunked prefill only; default None, no cap): in a
+step that also runs decodes, the prompt chunks take at most that many tokens in all, so
+the step, and with it every running request's inter-token gap, stays near a decode
+step's length while a long prompt comes in (Sarathi-Serve's stall-free batching with a
+token budget sized for the latency target rather than for throughput).
+
 When a running sequence needs a block and none is free, the newest running sequence is
 preempted by recompute: it gives back its blocks and goes back to the front of the
 waiting queue, to be prefilled again (its generated tokens included) when there is room.
@@ -45,13 +51,17 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int = 32, max_num_batched_tokens: int = 512,
-                 enable_chunked_prefill: bool = True):
+                 enable_chunked_prefill: bool = True, max_prefill_tokens_with_decodes: int | None = None):
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs (max_batch_size) must be >= 1, got {max_num_seqs}")
         if max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}")
+        if max_prefill_tokens_with_decodes is not None and max_prefill_tokens_with_decodes < 1:
+            raise ValueError(f"max_prefill_tokens_with_decodes must be >= 1 (or None), got "
+                             f"{max_prefill_tokens_with_decodes}")
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
+        self.max_prefill_tokens_with_decodes = max_prefill_tokens_with_decodes
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
         self.waiting: deque[Sequence] = deque()
@@ -79,10 +89,22 @@ class Scheduler:
         out = ScheduledBatch()
         budget = self.max_num_batched_tokens
         running = self.running
+        # prompt tokens this step may still take (None: only the budget counts)
+        prefill_left = None
+        if (self.enable_chunked_prefill and self.max_prefill_tokens_with_decodes is not None
+                and any(s.num_tokens - s.num_computed_tokens == 1 for s in running)):
+            prefill_left = self.max_prefill_tokens_with_decodes
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            remaining = seq.num_tokens - seq.num_computed_tokens
+            n = min(remaining, budget)
+            if remaining > 1 and prefill_left is not None:  # a prompt's next chunk
+                n = min(n, prefill_left)
+                if n == 0:
+                    i += 1  # runs on in a later step
+                    continue
+                prefill_left -= n
             if bm.blocks_for(seq.num_computed_tokens + n) > bm.num_blocks:
                 self._too_long(seq, out)
                 continue
@@ -110,7 +132,9 @@ class Scheduler:
             hits = bm.cached_prefix(seq)
             n = seq.num_tokens - len(hits) * bm.block_size
             if self.enable_chunked_prefill:
-                n = min(n, budget)
+                n = min(n, budget if prefill_left is None else min(budget, prefill_left))
+                if n == 0:
+                    break
             elif n > budget and prefill_scheduled:
                 break
             if not bm.can_allocate(hits, len(hits) * bm.block_size + n):
@@ -125,6 +149,8 @@ class Scheduler:
             out.seqs.append(seq)
             out.num_new_tokens.append(n)
             budget -= n
+            if prefill_left is not None:
+                prefill_left -= n
             prefill_scheduled = True
         return out
 

@@ -18,6 +18,7 @@ RUNTIME_OPTIONS = {
     "max_num_batched_tokens": "max_num_batched_tokens", "kv_cache_dtype": "kv_cache_dtype",
     "w4_activations": "w4_activations", "enable_chunked_prefill": "enable_chunked_prefill",
     "enable_prefix_caching": "enable_prefix_caching",
+    "max_prefill_tokens_with_decodes": "max_prefill_tokens_with_decodes",
 }
 
 
@@ -46,6 +47,10 @@ def add_serve_parser(sub) -> None:
     r.add_argument("--block-size", type=int, default=None, help="tokens per KV cache block")
     r.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per engine step")
     r.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false", default=None)
+    r.add_argument("--max-prefill-tokens-with-decodes", type=int, default=None,
+                   help="prompt tokens a step that also decodes may take (default: no cap but "
+                        "--max-num-batched-tokens): smaller keeps running requests' inter-token gaps short while a "
+                        "long prompt comes in, at some prefill throughput")
     r.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None)
     r.add_argument("--max-seq-len", type=int, default=None, help="context length (default: the model's)")
     r.add_argument("--dtype", default=None, choices=["float32", "bfloat16"])

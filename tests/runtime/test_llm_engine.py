@@ -78,7 +78,8 @@ def test_any_schedule_gives_each_request_its_tokens_alone(llm, seed):
                         kv_cache_tokens=longest + block_size if tiny_pool else None,
                         max_num_batched_tokens=rng.choice([1, 2, 3, 5, 8, 16, 64]),
                         max_num_seqs=rng.randrange(1, 9), enable_chunked_prefill=seed % 4 != 1,
-                        enable_prefix_caching=seed % 2 == 0)
+                        enable_prefix_caching=seed % 2 == 0,
+                        max_prefill_tokens_with_decodes=rng.choice([None, 1, 3]))
     arrivals = [rng.randrange(0, 12) for _ in reqs]
     reserve = []
     got = run(engine, reqs, arrivals, after_step=lambda e: reserve.append(e.stats()))

@@ -38,6 +38,25 @@ def test_decodes_first_then_a_prefill_chunk_within_the_budget():
     assert run_step(sched)[-1] == ("long", 1)   # prefilled: now a decode
 
 
+def test_prefill_cap_while_decoding():
+    """max_prefill_tokens_with_decodes: with decodes in the step, prompt chunks (a running
+    one and newly admitted ones together) take at most that many tokens; with no decodes
+    a prompt takes the whole budget."""
+    sched = Scheduler(BlockManager(64, 4), max_num_seqs=8, max_num_batched_tokens=16, max_prefill_tokens_with_decodes=3)
+    sched.add(seq(20, "long"))
+    assert run_step(sched) == [("long", 16)]          # nothing decodes yet: the whole budget
+    sched.add(seq(2, "d"))
+    assert run_step(sched) == [("long", 4), ("d", 2)]  # still no decode in the step: no cap
+    sched.add(seq(10, "next"))
+    sched.add(seq(10, "later"))
+    assert run_step(sched) == [("long", 1), ("d", 1), ("next", 3)]   # decodes: prompts get 3 in all
+    assert run_step(sched) == [("long", 1), ("d", 1), ("next", 3)]
+    assert run_step(sched) == [("long", 1), ("d", 1), ("next", 3)]
+    # next's last prompt token is a one-token step, as a decode is: later gets the 3
+    assert run_step(sched) == [("long", 1), ("d", 1), ("next", 1), ("later", 3)]
+    assert run_step(sched) == [("long", 1), ("d", 1), ("next", 1), ("later", 3)]
+
+
 def test_without_chunking_a_prompt_runs_whole():
     sched = Scheduler(BlockManager(64, 4), max_num_seqs=8, max_num_batched_tokens=8, enable_chunked_prefill=False)
     sched.add(seq(2, "d"))
