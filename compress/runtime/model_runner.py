@@ -4,12 +4,14 @@ A step's rows (``Sequence`` + how many of its tokens to compute) become one batc
 descriptor (``step_batch.StepBatch``): one-token rows first, then prefill chunks, all
 tokens flattened, so each linear is one GEMM over every row's tokens. Where the model
 has a native one-call decode step (``native_decode.build_native_decode``, chosen once
-at load) a step whose rows all bring one token runs through it instead; everything else
-runs the module path. Either way the step returns the logits of each row whose tokens
+at load) a step whose rows all bring one token runs through it instead, and so does a step
+whose prompt chunks are all short (``NATIVE_ROW_TOKENS``: each chunk's tokens as one-token
+rows, see ``forward_tokens``); everything else runs the module path. Either way the step returns the logits of each row whose tokens
 are now all computed (its next token is due).
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -74,6 +76,18 @@ class ModelRunner:
                 logits = logits[sampled]
                 tokens = None if tokens is None else [tokens[r] for r in sampled]
             return StepOutput(seqs, num_new_tokens, sampled, logits, tokens)
+        if self.native is not None and max(num_new_tokens) <= NATIVE_ROW_TOKENS:
+            # decodes with short prompt chunks (a step under a small prefill cap): each
+            # chunk's tokens as one-token rows at consecutive positions (forward_tokens)
+            ids = [t for s, n in zip(seqs, num_new_tokens) for t in s.token_ids[s.num_computed_tokens:s.num_computed_tokens + n]]
+            positions = [s.num_computed_tokens + j for s, n in zip(seqs, num_new_tokens) for j in range(n)]
+            tables = block_table_tensor([s.block_table for s, n in zip(seqs, num_new_tokens) for _ in range(n)],
+                                        self.device)
+            logits, tokens = self.native.decode(ids, positions, cache.k, cache.v, tables, greedy)
+            last = [end - 1 for end in itertools.accumulate(num_new_tokens)]
+            rows = [last[r] for r in sampled]
+            return StepOutput(seqs, num_new_tokens, sampled, logits[rows],
+                              None if tokens is None else [tokens[r] for r in rows])
         batch = build_step_batch([s.token_ids[s.num_computed_tokens:s.num_computed_tokens + n]
                                   for s, n in zip(seqs, num_new_tokens)],
                                  [s.num_computed_tokens for s in seqs], [s.block_table for s in seqs],
