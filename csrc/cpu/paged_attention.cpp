@@ -7,9 +7,12 @@
 //   when 0 < window < n, else 0); position p is slot p % BS of block block_tables[r][p / BS].
 //   Out [B, Hq, D] in q's dtype; GQA (query head h reads kv head h / (Hq / Hkv)).
 //
-// Work items are (row, kv head) pairs handed out from one counter (parallel_grabs), so a
-// batch whose rows have very different lengths still balances over the threads. Within an
-// item the q heads of the group run back to back, so the kv head's K and V rows come from
+// Work items are (rows, kv head) pairs handed out from one counter (parallel_grabs), so a
+// batch whose rows have very different lengths still balances over the threads. "Rows" is
+// one row, or consecutive rows that share their keys (one prompt chunk run as one-token
+// rows: the same block table, context lengths n, n + 1, ...; full attention): their K and
+// V rows are gathered (and widened) once, each row attends to its prefix. Within an item
+// the q heads of the group run back to back, so the kv head's K and V rows come from
 // DRAM once (the first pass streams them, the others find them in cache).
 //
 // A row's keys are "runs": the part of each of its blocks it reads, rows contiguous in
@@ -24,6 +27,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -299,58 +303,101 @@ inline void softmax_row(float* sc, int64_t S) {
   for (s = 0; s < S; ++s) sc[s] *= inv;
 }
 
+// The first `S` rows of `runs` (a prefix of the same rows).
+inline void prefix_runs(const std::vector<Run>& runs, int64_t S, std::vector<Run>& out) {
+  out.clear();
+  for (const Run& r : runs) {
+    if (S <= 0) break;
+    out.push_back(Run{r.p, std::min(r.rows, S)});
+    S -= r.rows;
+  }
+}
+
+// Rows that share their keys: consecutive rows with the same block table (over the blocks
+// the last one uses) and context lengths n, n + 1, ...: the tokens of one prompt chunk or
+// verify pass, run as one-token rows (ModelRunner.forward_tokens). Full attention only
+// (with a window their first positions differ). Returns (first row, rows) per group.
+std::vector<std::pair<int64_t, int64_t>> shared_key_groups(const Paged& a) {
+  std::vector<std::pair<int64_t, int64_t>> groups;
+  for (int64_t b = 0; b < a.B;) {
+    int64_t r = 1;
+    while (b + r < a.B && a.lens[b + r] == a.lens[b + r - 1] + 1 &&
+           (a.window == 0 || a.lens[b + r] <= a.window) &&
+           std::equal(a.tables + b * a.M, a.tables + b * a.M + (a.lens[b + r] + a.BS - 1) / a.BS,
+                      a.tables + (b + r) * a.M))
+      ++r;
+    groups.emplace_back(b, r);
+    b += r;
+  }
+  return groups;
+}
+
 template <typename T, typename TKV>
 void paged_avx2(const Paged& a, const T* q, const TKV* k, const TKV* v, T* out) {
   const int64_t D = a.D, group = a.group;
   constexpr bool kInPlace = std::is_same_v<TKV, float>;  // else widened copies, already in cache
-  parallel_grabs(a.B * a.Hkv, 1, [&](const auto& take) {
+  // Work items: (group of rows sharing their keys, kv head). A group's K and V rows are
+  // read (and widened) once for the longest row; each row then attends to its prefix.
+  const std::vector<std::pair<int64_t, int64_t>> groups = shared_key_groups(a);
+  parallel_grabs(static_cast<int64_t>(groups.size()) * a.Hkv, 1, [&](const auto& take) {
     // reused by this thread from call to call (a decode step makes one call a layer)
     thread_local std::vector<float> qf, scores, kbuf, vbuf, obuf;
-    thread_local std::vector<Run> kruns, vruns;
+    thread_local std::vector<Run> kruns, vruns, krow, vrow;
     if (qf.size() < static_cast<size_t>(group * D)) qf.resize(group * D), obuf.resize(group * D);
     int64_t begin, end;
     while (take(begin, end)) {
-      const int64_t b = begin / a.Hkv, hk = begin % a.Hkv;
-      int64_t first, S;
-      a.span(b, &first, &S);
-      if (scores.size() < static_cast<size_t>(group * S)) scores.resize(group * S);
-      const int64_t ks = item_runs(a, k, a.ks0, a.ks1, a.ks2, b, hk, first, S, kruns, kbuf);
-      for (int64_t g = 0; g < group; ++g) {
-        const T* qrow = q + (b * a.Hq + hk * group + g) * D;
-        for (int64_t d = 0; d < D; ++d) qf[g * D + d] = to_f32(qrow[d]) * a.scale;
-      }
-      float* sc = scores.data();
-      const int64_t nk = static_cast<int64_t>(kruns.size());
-      for (int64_t g = 0; g < group; g += 2) {  // heads in pairs: each pass reads K once for two
-        const bool two = g + 1 < group, stream = kInPlace && g == 0;
-        if (stream) {
-          const int64_t n0 = std::min<int64_t>(kruns[0].rows, 8);
-          for (int64_t i = 0; i < n0; ++i) prefetch_row(kruns[0].p + i * ks, D);
+      const int64_t b0 = groups[begin / a.Hkv].first, nrows = groups[begin / a.Hkv].second, hk = begin % a.Hkv;
+      int64_t first, Smax;
+      a.span(b0 + nrows - 1, &first, &Smax);   // the group's union: the last row's span
+      const int64_t ks = item_runs(a, k, a.ks0, a.ks1, a.ks2, b0 + nrows - 1, hk, first, Smax, kruns, kbuf);
+      bool v_ready = false;
+      int64_t vs = 0;
+      for (int64_t row = 0; row < nrows; ++row) {
+        const int64_t b = b0 + row;
+        int64_t first_b, S;
+        a.span(b, &first_b, &S);   // first_b == first: groups of more than one row have no window
+        if (scores.size() < static_cast<size_t>(group * S)) scores.resize(group * S);
+        for (int64_t g = 0; g < group; ++g) {
+          const T* qrow = q + (b * a.Hq + hk * group + g) * D;
+          for (int64_t d = 0; d < D; ++d) qf[g * D + d] = to_f32(qrow[d]) * a.scale;
         }
-        int64_t s0 = 0;
-        for (int64_t r = 0; r < nk; ++r) {
-          NextRun next;
-          if (stream && r + 1 < nk) next = NextRun{kruns[r + 1].p, kruns[r + 1].rows, ks, D};
-          const NextRun* np = stream && r + 1 < nk ? &next : nullptr;
-          float* sa = sc + g * S + s0;
-          if (two) qk_run<true>(&qf[g * D], &qf[(g + 1) * D], kruns[r], ks, D, np, sa, sa + S);
-          else qk_run<false>(&qf[g * D], nullptr, kruns[r], ks, D, np, sa, nullptr);
-          s0 += kruns[r].rows;
+        const std::vector<Run>* kr = &kruns;
+        if (S < Smax) prefix_runs(kruns, S, krow), kr = &krow;
+        float* sc = scores.data();
+        const int64_t nk = static_cast<int64_t>(kr->size());
+        for (int64_t g = 0; g < group; g += 2) {  // heads in pairs: each pass reads K once for two
+          const bool two = g + 1 < group, stream = kInPlace && g == 0 && row == 0;
+          if (stream) {
+            const int64_t n0 = std::min<int64_t>((*kr)[0].rows, 8);
+            for (int64_t i = 0; i < n0; ++i) prefetch_row((*kr)[0].p + i * ks, D);
+          }
+          int64_t s0 = 0;
+          for (int64_t r = 0; r < nk; ++r) {
+            NextRun next;
+            if (stream && r + 1 < nk) next = NextRun{(*kr)[r + 1].p, (*kr)[r + 1].rows, ks, D};
+            const NextRun* np = stream && r + 1 < nk ? &next : nullptr;
+            float* sa = sc + g * S + s0;
+            if (two) qk_run<true>(&qf[g * D], &qf[(g + 1) * D], (*kr)[r], ks, D, np, sa, sa + S);
+            else qk_run<false>(&qf[g * D], nullptr, (*kr)[r], ks, D, np, sa, nullptr);
+            s0 += (*kr)[r].rows;
+          }
         }
+        for (int64_t g = 0; g < group; ++g) softmax_row(sc + g * S, S);
+        if (!v_ready) vs = item_runs(a, v, a.vs0, a.vs1, a.vs2, b0 + nrows - 1, hk, first, Smax, vruns, vbuf), v_ready = true;
+        const std::vector<Run>* vr = &vruns;
+        if (S < Smax) prefix_runs(vruns, S, vrow), vr = &vrow;
+        const int64_t nv = static_cast<int64_t>(vr->size());
+        T* orow = out + (b * a.Hq + hk * group) * D;
+        float* dst = std::is_same_v<T, float> ? reinterpret_cast<float*>(orow) : obuf.data();
+        for (int64_t g = 0; g < group; g += 2) {
+          const float* p = sc + g * S;
+          const bool stream = kInPlace && g == 0 && row == 0;
+          if (g + 1 < group) pv_runs<true>(p, p + S, vr->data(), nv, vs, D, stream, dst + g * D, dst + (g + 1) * D);
+          else pv_runs<false>(p, nullptr, vr->data(), nv, vs, D, stream, dst + g * D, nullptr);
+        }
+        if constexpr (!std::is_same_v<T, float>)
+          for (int64_t i = 0; i < group * D; ++i) orow[i] = static_cast<T>(obuf[i]);
       }
-      for (int64_t g = 0; g < group; ++g) softmax_row(sc + g * S, S);
-      const int64_t vs = item_runs(a, v, a.vs0, a.vs1, a.vs2, b, hk, first, S, vruns, vbuf);
-      const int64_t nv = static_cast<int64_t>(vruns.size());
-      T* orow = out + (b * a.Hq + hk * group) * D;
-      float* dst = std::is_same_v<T, float> ? reinterpret_cast<float*>(orow) : obuf.data();
-      for (int64_t g = 0; g < group; g += 2) {
-        const float* p = sc + g * S;
-        const bool stream = kInPlace && g == 0;
-        if (g + 1 < group) pv_runs<true>(p, p + S, vruns.data(), nv, vs, D, stream, dst + g * D, dst + (g + 1) * D);
-        else pv_runs<false>(p, nullptr, vruns.data(), nv, vs, D, stream, dst + g * D, nullptr);
-      }
-      if constexpr (!std::is_same_v<T, float>)
-        for (int64_t i = 0; i < group * D; ++i) orow[i] = static_cast<T>(obuf[i]);
     }
   });
 }

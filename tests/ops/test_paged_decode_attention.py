@@ -106,6 +106,28 @@ def test_native_long_context_and_one_key_rows(isa):
                                    rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("window", [0, 6, 40])
+def test_native_rows_that_share_their_keys(isa, kv_dtype, window):
+    """A prompt chunk run as one-token rows (the same block table, lengths n, n + 1, ..)
+    between other rows: the kernel gathers such a group's keys once and gives each row its
+    prefix; a row whose table differs in a block it uses, or whose length does not follow,
+    is a group of its own. The same outputs as the reference, row by row."""
+    base = paged_case([21], 4, 2, 64, kv_dtype=kv_dtype, block_size=BS, spare_blocks=6, seed=3)
+    q1, k, v, table, _ = base
+    chunk = list(range(14, 22))                         # positions 13..20 of one sequence
+    rows_tables = [table[0]] * len(chunk)
+    other = table[0].clone()
+    other[1] = int(table[0, 2])                         # same as the chunk but one used block
+    lens = [5] + chunk + [22 - 1, 9] + [17, 18]          # a lone row, the chunk, a repeat, a short row, a changed table
+    tables = torch.stack([table[0]] + rows_tables + [table[0], table[0]] + [other, other])
+    q = torch.randn(len(lens), 4, 64, generator=torch.Generator().manual_seed(5))
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    got = torch.ops.compress.paged_decode_attention(q, k, v, tables, lens_t, window)
+    want = reference.paged_decode_attention(q, k, v, tables, lens_t, window)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_opcheck():
     args = paged_case(LENS, 4, 2, 16)
     torch.library.opcheck(torch.ops.compress.paged_decode_attention.default, (*args, 5),
