@@ -5,6 +5,7 @@ import argparse
 import inspect
 import logging
 import os
+import time
 from pathlib import Path
 
 from compress.w4_activations import DEFAULT_W4_ACTIVATIONS, W4_ACTIVATIONS
@@ -111,6 +112,12 @@ def _cmd_serve(args) -> int:
     from compress.serve.state import ServeConfig, default_model_name
 
     llm = build_llm(args)
+    cache = llm.engine.kv_cache
+    t0 = time.perf_counter()
+    cache.prefault()   # page faults now, not inside a step under load
+    print(f"compress serve: KV cache {cache.num_blocks} blocks of {cache.block_size} tokens, "
+          f"{cache.nbytes / 2**30:.2f} GiB ({str(cache.dtype)[6:]}), touched in {time.perf_counter() - t0:.1f} s",
+          flush=True)
     config = ServeConfig(model_name=args.served_model_name or default_model_name(args.path),
                          api_key=args.api_key or None, max_queue=args.max_queue,
                          max_num_seqs=args.max_num_seqs,
