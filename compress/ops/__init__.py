@@ -142,7 +142,7 @@ def set_w4a8_panel_min_rows(rows: int) -> int:
     """Fewest rows (M) for which the int8-activation int4 ops (``w4a8_gemm*``) at the
     avx512_vnni level take the panel GEMM (csrc/cpu/w4a8_panel.inc: 16 activation rows
     per vpdpbusd, weight panels unpacked per call) instead of the four-row tiles (default
-    8; AMX, where allowed, still takes its rows first); returns the previous value. The
+    12; AMX, where allowed, still takes its rows first); returns the previous value. The
     same integer dots; only the order of the fp32 sums differs."""
     return _cpu_module().set_w4a8_panel_min_rows(int(rows))
 

@@ -42,7 +42,7 @@ int64_t amx_min_rows();
 // Fewest rows for which the avx512_vnni level (without AMX, or below the AMX threshold)
 // takes the panel GEMM of w4a8_panel.inc instead of the four-row tiles (default
 // kW4PanelMinRows); the same integer dots, fp32 sums in another order.
-constexpr int64_t kW4PanelMinRows = 8;
+constexpr int64_t kW4PanelMinRows = 12;
 int64_t set_panel_min_rows(int64_t rows);
 int64_t panel_min_rows();
 
