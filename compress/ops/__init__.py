@@ -152,6 +152,20 @@ def w4a8_panel_min_rows() -> int:
     return _cpu_module().w4a8_panel_min_rows()
 
 
+def set_w4a16_panel_min_rows(rows: int) -> int:
+    """Fewest rows (M) for which the float-activation int4 ops (``w4a16_gemm*``) at the
+    avx512_vnni level take their panel GEMM (csrc/cpu/w4a16_panel.inc: 16 activation rows
+    per FMA, the reference's fp32 weights, each output summed in K order) instead of the
+    register tiles or at::mm (default 32; at 16-24 rows the register tiles were 0.76-1.16x
+    as fast); returns the previous value."""
+    return _cpu_module().set_w4a16_panel_min_rows(int(rows))
+
+
+def w4a16_panel_min_rows() -> int:
+    """The current row threshold of the float int4 ops' panel GEMM (see set_w4a16_panel_min_rows)."""
+    return _cpu_module().w4a16_panel_min_rows()
+
+
 def set_w4a16_mm_min_rows(rows: int) -> int:
     """Fewest rows (M) for which the float-activation int4 ops (``w4a16_gemm*``) dequantize
     blocks of weight rows to fp32 and multiply them with ``at::mm`` instead of running their

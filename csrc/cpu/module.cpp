@@ -61,6 +61,9 @@ static PyObject* py_set_w4a16_amx_min_rows(PyObject*, PyObject* arg) {
 static PyObject* py_set_w4a8_panel_min_rows(PyObject*, PyObject* arg) {
   return set_min_rows("set_w4a8_panel_min_rows", arg, compress_cpu::w4::set_panel_min_rows);
 }
+static PyObject* py_set_w4a16_panel_min_rows(PyObject*, PyObject* arg) {
+  return set_min_rows("set_w4a16_panel_min_rows", arg, compress_cpu::w4::set_float_panel_min_rows);
+}
 static PyObject* py_set_w4a16_mm_min_rows(PyObject*, PyObject* arg) {
   return set_min_rows("set_w4a16_mm_min_rows", arg, compress_cpu::w4::set_float_mm_min_rows);
 }
@@ -101,6 +104,11 @@ static PyMethodDef compress_c_methods[] = {
      "vpdpbusd) instead of the four-row tiles (the same integer dots); returns the previous value."},
     {"w4a8_panel_min_rows", py_get_rows<compress_cpu::w4::panel_min_rows>, METH_NOARGS,
      "Fewest rows for which w4a8_gemm* takes the panel GEMM (set_w4a8_panel_min_rows)."},
+    {"set_w4a16_panel_min_rows", py_set_w4a16_panel_min_rows, METH_O,
+     "Fewest rows for which the float-activation int4 ops (w4a16_gemm*) take their AVX-512 panel GEMM "
+     "(the same fp32 weights, each output summed in K order); returns the previous value."},
+    {"w4a16_panel_min_rows", py_get_rows<compress_cpu::w4::float_panel_min_rows>, METH_NOARGS,
+     "Fewest rows for which w4a16_gemm* takes the panel GEMM (set_w4a16_panel_min_rows)."},
     {"set_w4a16_mm_min_rows", py_set_w4a16_mm_min_rows, METH_O,
      "Fewest rows for which the float-activation int4 ops (w4a16_gemm*) dequantize weight blocks to fp32 "
      "and use at::mm instead of their register tiles (the same weights); returns the previous value."},

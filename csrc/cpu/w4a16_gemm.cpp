@@ -20,6 +20,7 @@
 #include <immintrin.h>
 
 #include <atomic>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -85,6 +86,7 @@ inline Vec bytes_to_float(__m256i b) {
 }
 #include "cpu/w4a16_float_tile.inc"
 }  // namespace favx512
+#include "cpu/w4a16_panel.inc"
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
 
@@ -132,6 +134,7 @@ void permute_row(const at::Tensor& x, int64_t m, int64_t KC, float* tmp, float* 
 }
 
 std::atomic<int64_t> mm_rows{kFloatMmMinRows};
+std::atomic<int64_t> panel_rows{kFloatPanelMinRows};
 
 using BlockFn = void (*)(const W4Args&, const float*, int64_t, int64_t, int64_t, int64_t);
 using DequantFn = void (*)(const W4Args&, int64_t, int64_t, float*);
@@ -153,6 +156,8 @@ void dequant_mm(const W4Args& a, const at::Tensor& xs, DequantFn dequant, at::Te
 
 }  // namespace
 
+int64_t set_float_panel_min_rows(int64_t rows) { return panel_rows.exchange(rows); }
+int64_t float_panel_min_rows() { return panel_rows.load(std::memory_order_relaxed); }
 int64_t set_float_mm_min_rows(int64_t rows) { return mm_rows.exchange(rows); }
 int64_t float_mm_min_rows() { return mm_rows.load(std::memory_order_relaxed); }
 
@@ -201,7 +206,8 @@ at::Tensor run_float(const at::Tensor& x_in, const at::Tensor& qweight_in, const
   const bool avx512 = isa == Isa::Avx512Vnni, g32 = G == kBlock;
   // The permuted activations [M, KC * 64], then K floats per thread for non-fp32 rows.
   const int64_t xp_floats = M * KC * kChunk;
-  const bool mm = M >= float_mm_min_rows();
+  const bool panel = avx512 && K % kChunk == 0 && M >= float_panel_min_rows();
+  const bool mm = !panel && M >= float_mm_min_rows();
   at::Tensor xp_owned;
   std::unique_ptr<Scratch> work;
   float* xp;
@@ -216,7 +222,9 @@ at::Tensor run_float(const at::Tensor& x_in, const at::Tensor& qweight_in, const
     std::vector<float> tmp(x.scalar_type() == at::kFloat ? 0 : K);
     for (int64_t m = m0; m < m1; ++m) permute_row(x, m, KC, tmp.data(), xp + m * KC * kChunk);
   });
-  if (mm) {
+  if (panel) {
+    fpanel::gemm(a, xp, g32);
+  } else if (mm) {
     DequantFn dq = avx512 ? (g32 ? favx512::dequantize_rows<true> : favx512::dequantize_rows<false>)
                           : (g32 ? favx2::dequantize_rows<true> : favx2::dequantize_rows<false>);
     dequant_mm(a, xp_owned, dq, y);

@@ -32,5 +32,12 @@ constexpr int64_t kFloatMmMinRows = 32;
 int64_t set_float_mm_min_rows(int64_t rows);
 int64_t float_mm_min_rows();
 
+// Fewest rows for which the float path takes its AVX-512 panel GEMM (w4a16_panel.inc,
+// K % 64 == 0) before the at::mm and register-tile paths; returns the previous value. The
+// same weights in fp32, each output summed in K order.
+constexpr int64_t kFloatPanelMinRows = 32;
+int64_t set_float_panel_min_rows(int64_t rows);
+int64_t float_panel_min_rows();
+
 }  // namespace w4
 }  // namespace compress_cpu

@@ -30,7 +30,7 @@ def test_gemm_ab_times_both_sides_and_they_agree(path, one_thread):
 
 
 @native
-@pytest.mark.parametrize("path,bits", [("int16", 8), ("amx", 8), ("w4-amx", 4), ("w4-panel", 4)])
+@pytest.mark.parametrize("path,bits", [("int16", 8), ("amx", 8), ("w4-amx", 4), ("w4-panel", 4), ("w4-float-panel", 4)])
 def test_prefill_ab_on_a_checkpoint(tiny_bench_model, path, bits, one_thread):
     which = many_rows.PATHS[path]
     before = which.get_rows()

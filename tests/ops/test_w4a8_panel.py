@@ -1,7 +1,9 @@
-"""The panel GEMM of the int8-activation int4 op (w4a8_gemm*, csrc/cpu/w4a8_panel.inc):
-16 activation rows per vpdpbusd, weight panels unpacked per call, from
-set_w4a8_panel_min_rows rows on at the avx512_vnni level. Its integer dots are the
-reference's; only the fp32 sums run in another order (per block, then per group)."""
+"""The panel GEMMs of the int4 ops, from their row thresholds on at the avx512_vnni level:
+the int8-activation op's (w4a8_gemm*, csrc/cpu/w4a8_panel.inc: 16 activation rows per
+vpdpbusd, weight panels unpacked per call; its integer dots are the reference's, the fp32
+sums run per block, then per group) and the float op's (w4a16_gemm*,
+csrc/cpu/w4a16_panel.inc: 16 rows per FMA on the reference's fp32 weights, each output
+summed in K order)."""
 from __future__ import annotations
 
 import contextlib
@@ -88,3 +90,53 @@ def test_panel_threshold_setter():
         assert ops.set_w4a8_panel_min_rows(before) == 9
     with pytest.raises(ValueError, match="rows must be >= 1"):
         ops.set_w4a8_panel_min_rows(0)
+
+
+# ---------------------------------------------------------------- the float op's panel
+@contextlib.contextmanager
+def float_panel_rows(rows: int):
+    before = ops.set_w4a16_panel_min_rows(rows)
+    try:
+        yield
+    finally:
+        ops.set_w4a16_panel_min_rows(before)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_float_panel_matches_reference_and_the_other_paths(shape, dtype):
+    """w4a16_gemm*'s AVX-512 panel GEMM: the reference's fp32 weights, sums in another
+    order; against the reference, the canonical entry, and the paths it replaces."""
+    m, n, k, group = shape
+    qweight, scales, zeros = make_int4(n, k, group)
+    prepared = reference.w4a16_prepare_cpu(qweight, scales, zeros)
+    x = (torch.randn(m, k) * torch.logspace(-1, 1, k)).to(dtype)
+    ref = reference.w4a16_gemm(x.float(), qweight, scales, zeros, group).to(dtype)
+    with ops.force_cpu_isa("avx512_vnni"):
+        with float_panel_rows(1):
+            panel = torch.ops.compress.w4a16_gemm_prepared(x, *prepared, group)
+            canonical = torch.ops.compress.w4a16_gemm(x, qweight, scales, zeros, group)
+        with float_panel_rows(NEVER):
+            other = torch.ops.compress.w4a16_gemm_prepared(x, *prepared, group)
+    assert panel.dtype == dtype and panel.shape == (m, n)
+    scale = ref.float().abs().max().item()
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    for got in (panel, canonical, other):
+        torch.testing.assert_close(got.float(), ref.float(), rtol=tol, atol=tol * scale)
+
+
+def test_float_panel_rows_do_not_depend_on_their_batch_mates_or_threads():
+    qweight, scales, zeros = make_int4(30, 512, 128)
+    prepared = reference.w4a16_prepare_cpu(qweight, scales, zeros)
+    x = torch.randn(40, 512)
+    threads = torch.get_num_threads()
+    with ops.force_cpu_isa("avx512_vnni"), float_panel_rows(1):
+        whole = torch.ops.compress.w4a16_gemm_prepared(x, *prepared, 128)
+        tail = torch.ops.compress.w4a16_gemm_prepared(x[21:], *prepared, 128)
+        try:
+            torch.set_num_threads(1)
+            one_thread = torch.ops.compress.w4a16_gemm_prepared(x, *prepared, 128)
+        finally:
+            torch.set_num_threads(threads)
+    assert torch.equal(tail, whole[21:])
+    assert torch.equal(one_thread, whole)
