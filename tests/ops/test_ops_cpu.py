@@ -117,7 +117,7 @@ def test_w4a8_vnni_tiles_equal_avx2_bit_for_bit(shape):
     """On real AVX-512 VNNI hardware (the emulation harness checks the same under SIMDe)
     the int8-activation VNNI tiles give the AVX2 tiles' bytes, canonical and prepared,
     below the AMX and panel row thresholds: vpdpbusd's int32 sums are vpmaddubsw +
-    vpmaddwd's (the panel GEMM sums in another order: tests/ops/test_w4a8_panel.py)."""
+    vpmaddwd's (the panel GEMM sums in another order: tests/ops/test_w4_panels.py)."""
     m, n, k, group = shape
     qweight, scales, zeros = make_int4(n, k, group)
     prepared = reference.w4a16_prepare_cpu(qweight, scales, zeros)
