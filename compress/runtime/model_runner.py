@@ -25,6 +25,9 @@ from compress.runtime.step_batch import block_table_tensor, build_step_batch
 # A row of up to this many tokens runs through the native plan even when only its last
 # logits are wanted: the head's extra rows cost less than the module path's dispatch.
 NATIVE_ROW_TOKENS = 16
+# A step of up to this many tokens whose rows are prompt chunks runs through the native
+# plan as one-token rows (the head only on the rows whose token is due).
+NATIVE_STEP_TOKENS = 512
 
 
 @dataclass
@@ -76,18 +79,21 @@ class ModelRunner:
                 logits = logits[sampled]
                 tokens = None if tokens is None else [tokens[r] for r in sampled]
             return StepOutput(seqs, num_new_tokens, sampled, logits, tokens)
-        if self.native is not None and max(num_new_tokens) <= NATIVE_ROW_TOKENS:
-            # decodes with short prompt chunks (a step under a small prefill cap): each
-            # chunk's tokens as one-token rows at consecutive positions (forward_tokens)
+        if self.native is not None and sum(num_new_tokens) <= NATIVE_STEP_TOKENS:
+            # prompt chunks beside (or without) decodes: each chunk's tokens as one-token
+            # rows at consecutive positions (as forward_tokens); the head runs on the rows
+            # whose next token is due
             ids = [t for s, n in zip(seqs, num_new_tokens) for t in s.token_ids[s.num_computed_tokens:s.num_computed_tokens + n]]
             positions = [s.num_computed_tokens + j for s, n in zip(seqs, num_new_tokens) for j in range(n)]
             tables = block_table_tensor([s.block_table for s, n in zip(seqs, num_new_tokens) for _ in range(n)],
                                         self.device)
-            logits, tokens = self.native.decode(ids, positions, cache.k, cache.v, tables, greedy)
             last = [end - 1 for end in itertools.accumulate(num_new_tokens)]
             rows = [last[r] for r in sampled]
-            return StepOutput(seqs, num_new_tokens, sampled, logits[rows],
-                              None if tokens is None else [tokens[r] for r in rows])
+            if not rows:   # no row's token is due (a chunk mid-prompt): the layers only
+                self.native.decode(ids, positions, cache.k, cache.v, tables, False, [0])
+                return StepOutput(seqs, num_new_tokens, sampled, None)
+            logits, tokens = self.native.decode(ids, positions, cache.k, cache.v, tables, greedy, rows)
+            return StepOutput(seqs, num_new_tokens, sampled, logits, tokens)
         batch = build_step_batch([s.token_ids[s.num_computed_tokens:s.num_computed_tokens + n]
                                   for s, n in zip(seqs, num_new_tokens)],
                                  [s.num_computed_tokens for s in seqs], [s.block_table for s in seqs],

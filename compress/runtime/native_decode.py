@@ -23,13 +23,17 @@ class NativeDecode:
         self.plan = plan
 
     def decode(self, ids: list[int], positions: list[int], k_pool: torch.Tensor, v_pool: torch.Tensor,
-               block_tables: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, list[int] | None]:
+               block_tables: torch.Tensor, greedy: bool,
+               logit_rows: list[int] | None = None) -> tuple[torch.Tensor, list[int] | None]:
         """Token ``ids[r]`` at ``positions[r]`` for each row r; ``k_pool``/``v_pool``
         ``[n_layers, num_blocks, n_kv_heads, block_size, head_dim]`` (each layer's new k/v
         written at the row's position through ``block_tables`` int32 ``[B, M]``, then
         attention over positions ``0..positions[r]`` within the layer's window) ->
-        ``(fp32 logits [B, vocab], each row's argmax token if greedy else None)``."""
-        logits, tokens = self.plan.decode_tokens(ids, positions, k_pool, v_pool, block_tables, greedy)
+        ``(fp32 logits [B, vocab], each row's argmax token if greedy else None)``;
+        ``logit_rows``: only those rows' logits and tokens, in that order (the head skips
+        the rest)."""
+        logits, tokens = self.plan.decode_tokens(ids, positions, k_pool, v_pool, block_tables, greedy,
+                                                 list(logit_rows or []))
         return logits, (tokens if greedy else None)
 
 

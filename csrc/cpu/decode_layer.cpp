@@ -116,7 +116,9 @@ void rope_and_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tens
   TC* vp = v_pool.data_ptr<TC>();
   const int64_t ks0 = k_pool.stride(0), ks1 = k_pool.stride(1), ks2 = k_pool.stride(2);
   const int64_t vs0 = v_pool.stride(0), vs1 = v_pool.stride(1), vs2 = v_pool.stride(2);
-  for (int64_t b = 0; b < B; ++b) {
+  // rows write distinct slots (one position each): a prompt chunk's rows in parallel
+  at::parallel_for(0, B, 32, [&](int64_t b0, int64_t b1) {
+  for (int64_t b = b0; b < b1; ++b) {
     const T* c = cos_base + b * cos.stride(0);
     const T* s = sin_base + b * sin.stride(0);
     const int64_t pos = rows.positions[b];
@@ -141,6 +143,7 @@ void rope_and_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tens
       else rotate(kp + blk * ks0 + (h - nq) * ks1 + off * ks2);
     }
   }
+  });
 }
 
 template <typename T>

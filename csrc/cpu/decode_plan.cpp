@@ -85,10 +85,13 @@ class DecodePlan {
   // compress::argmax_rows gives, taken while the logits are still in cache; else empty).
   // k_pool / v_pool: [layers, num_blocks, n_kv_heads, block_size, head_dim], float32,
   // bfloat16 or float16 (any of them under float32 or bfloat16 activations).
+  // `logit_rows`: the rows whose logits (and tokens) are wanted, in order (empty: every
+  // row); a prompt chunk run as one-token rows needs its last token's only.
   std::tuple<at::Tensor, std::vector<int64_t>> decode_tokens(const std::vector<int64_t>& ids,
                                                              const std::vector<int64_t>& positions,
                                                              const at::Tensor& k_pool, const at::Tensor& v_pool,
-                                                             const at::Tensor& block_tables, bool greedy) const {
+                                                             const at::Tensor& block_tables, bool greedy,
+                                                             const std::vector<int64_t>& logit_rows) const {
     TORCH_CHECK(head_ != nullptr, kOp, ": no head (call set_head first)");
     const int64_t n_layers = static_cast<int64_t>(layers_.size());
     TORCH_CHECK(n_layers > 0, kOp, ": the plan has no layers");
@@ -126,13 +129,20 @@ class DecodePlan {
       h = decode_layer_run(h, l.attn_norm_weight, l.mlp_norm_weight, l.eps, l.linears, cos, sin, k_pool.select(0, i),
                            v_pool.select(0, i), rows, l.window, n_heads_, n_kv_heads_);
     }
+    if (!logit_rows.empty()) {
+      for (const int64_t r : logit_rows)
+        TORCH_CHECK(r >= 0 && r < B, kOp, ": logit row ", r, " outside the ", B, " rows");
+      const at::Tensor wanted = at::from_blob(const_cast<int64_t*>(logit_rows.data()),
+                                              {static_cast<int64_t>(logit_rows.size())}, at::kLong);
+      h = at::index_select(h, 0, wanted);
+    }
     h = rms_norm(h, head_->norm_weight, head_->eps);
     const at::Tensor logits = run_decode_linear(head_->lm_head, h).to(at::kFloat).contiguous();
     std::vector<int64_t> tokens;
     if (greedy) {
-      const int64_t V = logits.size(1);
-      tokens.resize(B);
-      for (int64_t b = 0; b < B; ++b) tokens[b] = argmax_row_f32(logits.data_ptr<float>() + b * V, V);
+      const int64_t V = logits.size(1), R = logits.size(0);
+      tokens.resize(R);
+      for (int64_t b = 0; b < R; ++b) tokens[b] = argmax_row_f32(logits.data_ptr<float>() + b * V, V);
     }
     return {logits, tokens};
   }
@@ -191,7 +201,8 @@ int register_decode_plan(PyObject* module) {
              py::arg("norm_weight"), py::arg("eps"), py::arg("scheme"), py::arg("group_size"), py::arg("weights"),
              py::arg("bias"))
         .def("decode_tokens", &DecodePlan::decode_tokens, py::arg("ids"), py::arg("positions"), py::arg("k_pool"),
-             py::arg("v_pool"), py::arg("block_tables"), py::arg("greedy"), py::call_guard<py::gil_scoped_release>())
+             py::arg("v_pool"), py::arg("block_tables"), py::arg("greedy"),
+             py::arg("logit_rows") = std::vector<int64_t>{}, py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("n_layers", &DecodePlan::n_layers)
         .def_property_readonly("has_head", &DecodePlan::has_head)
         .def_property_readonly("windows", &DecodePlan::windows);

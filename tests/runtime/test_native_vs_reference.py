@@ -39,3 +39,23 @@ def test_int8_forward_same_bits_with_and_without_the_int16_gemm(tmp_path, embedd
     finally:
         ops.set_w8a8_int16_min_rows(before)
     assert torch.isfinite(with_int16).all() and torch.equal(with_int16, with_bytes)
+
+
+@pytest.mark.skipif(not native_available("cpu"), reason="native CPU kernels not built")
+@pytest.mark.parametrize("bits", [4, 8])
+def test_prompt_chunks_through_the_native_plan_equal_the_module_path(tmp_path, embedded, bits, monkeypatch):
+    """A step of prompt chunks (many requests at once, chunks of a small token budget, some
+    beside decodes) runs through the native plan as one-token rows; with the plan off for
+    such steps (NATIVE_STEP_TOKENS = 0) the module path runs them. The same greedy tokens,
+    and the first token's logprob within fp32 sum order."""
+    import compress.runtime.model_runner as model_runner
+
+    q = export_rtn(embedded, bits, tmp_path / "q")
+    llm = LLM(q, kernels="native", max_num_batched_tokens=24)
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=1)
+    native = llm.generate(PROMPTS, params)
+    monkeypatch.setattr(model_runner, "NATIVE_STEP_TOKENS", 0)
+    module = llm.generate(PROMPTS, params)
+    assert [o.token_ids for o in native] == [o.token_ids for o in module]
+    for a, b in zip(native, module):
+        assert abs(a.logprobs[0].logprob - b.logprobs[0].logprob) < 1e-3
