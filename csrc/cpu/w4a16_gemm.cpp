@@ -20,7 +20,6 @@
 #include <immintrin.h>
 
 #include <atomic>
-#include <cstring>
 #include <memory>
 #include <vector>
 

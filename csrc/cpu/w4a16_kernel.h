@@ -4,10 +4,37 @@
 // *_prepared entry points, in the load-time row tiling (reference.w4a16_prepare_cpu).
 #pragma once
 
+#include <algorithm>
+#include <vector>
+
 #include "cpu/kernel_common.h"
 
 namespace compress_cpu {
 namespace w4 {
+
+// The driver both panel GEMMs share (w4a8_panel.inc, w4a16_panel.inc). `build(mb, act)`
+// writes m-block mb of the call's transposed activations into `act` (act_bytes in all, the
+// calling thread's buffer, kept from call to call: a decode step makes ~100 of these
+// calls), one m-block per task; then, per m-chunk of `chunk` m-blocks (their activations
+// stay in L2), the threads take the `panels` weight panels 4 at a time (adjacent panels
+// on two threads had written the same cache lines of y) and run `run(act, mb0, mb1, p0,
+// p1)`.
+template <typename Build, typename Run>
+void run_panel_gemm(int64_t MB, int64_t act_bytes, int64_t chunk, int64_t panels, const Build& build,
+                    const Run& run) {
+  thread_local std::vector<uint8_t> buffer;
+  if (static_cast<int64_t>(buffer.size()) < act_bytes) buffer = std::vector<uint8_t>(act_bytes);
+  uint8_t* act = buffer.data();
+  at::parallel_for(0, MB, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t mb = b0; mb < b1; ++mb) build(mb, act);
+  });
+  for (int64_t mb0 = 0; mb0 < MB; mb0 += chunk) {
+    const int64_t mb1 = std::min(MB, mb0 + chunk);
+    parallel_grabs(panels, 4, [&](const auto& take) {
+      for (int64_t p0, p1; take(p0, p1);) run(act, mb0, mb1, p0, p1);
+    });
+  }
+}
 
 // Argument checks shared by the int4 entry points; errors name `op`.
 void check_args(const char* op, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,

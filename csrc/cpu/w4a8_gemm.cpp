@@ -81,35 +81,16 @@ void w4_avx512vnni(const W4Args& a, int64_t m0, int64_t m1, int64_t n0, int64_t 
 #include "cpu/w4a8_panel.inc"
 
 // Many rows on the panel GEMM (w4a8_panel.inc): `a` carries the quantized activations.
-// The activation panel is built once; then m-chunks whose panel stays in L2, each a
-// pass of the threads over the weight panels (grabbed from a shared counter).
 void w4_panel_gemm(const W4Args& a) {
   const int64_t MB = ceil_div(a.M, panel::kLanes);
-  // The calling thread's buffer (a decode step makes ~100 of these calls).
-  thread_local std::vector<uint8_t> act;
-  const int64_t bytes = panel::act_panel_bytes(MB, a.KC, a.NG);
-  if (static_cast<int64_t>(act.size()) < bytes) act = std::vector<uint8_t>(bytes);
-  panel::ActPanel p;
-  p.x_stride = a.KC * kChunk * panel::kLanes;
-  p.sx_stride = 2 * a.KC * panel::kLanes;
-  p.xg_stride = a.NG * panel::kLanes;
-  p.x = reinterpret_cast<int8_t*>(act.data());
-  p.sx = reinterpret_cast<float*>(act.data() + MB * p.x_stride);
-  p.xg = p.sx + MB * p.sx_stride;
-  at::parallel_for(0, MB, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t mb = b0; mb < b1; ++mb) panel::build_act_block(a, p, mb);
-  });
-  int64_t chunk = std::max<int64_t>(1, panel::kActBudget / (a.K * panel::kLanes));
-  const int64_t panels = ceil_div(a.N, panel::kPanelRows);
-  for (int64_t mb0 = 0; mb0 < MB; mb0 += chunk) {
-    const int64_t mb1 = std::min(MB, mb0 + chunk);
-    // grabs of 4 panels (48 output columns): adjacent panels on two threads write the same
-    // cache lines of y (at 1024 x 1024, 32 rows: 2 threads were slower than one)
-    parallel_grabs(panels, 4, [&](const auto& take) {
-      const Scratch mine(Scratch::kW4Panel, panel::thread_bytes(a.K));
-      for (int64_t p0, p1; take(p0, p1);) panel::run_panels(a, p, mb0, mb1, p0, p1, mine.data());
-    });
-  }
+  w4::run_panel_gemm(
+      MB, panel::act_panel_bytes(MB, a.KC, a.NG), std::max<int64_t>(1, panel::kActBudget / (a.K * panel::kLanes)),
+      ceil_div(a.N, panel::kPanelRows),
+      [&](int64_t mb, uint8_t* act) { panel::build_act_block(a, panel::act_panel_at(act, MB, a.KC, a.NG), mb); },
+      [&](uint8_t* act, int64_t mb0, int64_t mb1, int64_t p0, int64_t p1) {
+        const Scratch mine(Scratch::kW4Panel, panel::thread_bytes(a.K));
+        panel::run_panels(a, panel::act_panel_at(act, MB, a.KC, a.NG), mb0, mb1, p0, p1, mine.data());
+      });
 }
 #pragma GCC pop_options
 
