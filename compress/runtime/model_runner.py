@@ -5,9 +5,9 @@ descriptor (``step_batch.StepBatch``): one-token rows first, then prefill chunks
 tokens flattened, so each linear is one GEMM over every row's tokens. Where the model
 has a native one-call decode step (``native_decode.build_native_decode``, chosen once
 at load) a step whose rows all bring one token runs through it instead, and so does a step
-whose prompt chunks are all short (``NATIVE_ROW_TOKENS``: each chunk's tokens as one-token
-rows, see ``forward_tokens``); everything else runs the module path. Either way the step returns the logits of each row whose tokens
-are now all computed (its next token is due).
+of up to ``NATIVE_STEP_TOKENS`` tokens with prompt chunks (each chunk's tokens as one-token
+rows, ``ModelRunner._native``); everything else runs the module path. Either way the step
+returns the logits of each row whose tokens are now all computed (its next token is due).
 """
 from __future__ import annotations
 
@@ -22,11 +22,9 @@ from compress.runtime.sequence import Sequence
 from compress.runtime.step_batch import block_table_tensor, build_step_batch
 
 
-# A row of up to this many tokens runs through the native plan even when only its last
-# logits are wanted: the head's extra rows cost less than the module path's dispatch.
-NATIVE_ROW_TOKENS = 16
-# A step of up to this many tokens whose rows are prompt chunks runs through the native
-# plan as one-token rows (the head only on the rows whose token is due).
+# A step (or a forward_tokens call) of up to this many tokens runs through the native plan
+# as one-token rows, the head only on the rows whose logits are wanted; decode-only steps
+# always do.
 NATIVE_STEP_TOKENS = 512
 
 
@@ -70,30 +68,15 @@ class ModelRunner:
         sampled = [r for r, (s, n) in enumerate(zip(seqs, num_new_tokens))
                    if s.num_computed_tokens + n == s.num_tokens]
         cache = self.kv_cache
-        if self.native is not None and len(order) == num_new_tokens.count(1):
-            ids = [s.token_ids[s.num_computed_tokens] for s in seqs]
-            positions = [s.num_computed_tokens for s in seqs]
-            tables = block_table_tensor([s.block_table for s in seqs], self.device)
-            logits, tokens = self.native.decode(ids, positions, cache.k, cache.v, tables, greedy)
-            if len(sampled) < len(seqs):
-                logits = logits[sampled]
-                tokens = None if tokens is None else [tokens[r] for r in sampled]
-            return StepOutput(seqs, num_new_tokens, sampled, logits, tokens)
-        if self.native is not None and sum(num_new_tokens) <= NATIVE_STEP_TOKENS:
-            # prompt chunks beside (or without) decodes: each chunk's tokens as one-token
-            # rows at consecutive positions (as forward_tokens); the head runs on the rows
-            # whose next token is due
-            ids = [t for s, n in zip(seqs, num_new_tokens) for t in s.token_ids[s.num_computed_tokens:s.num_computed_tokens + n]]
-            positions = [s.num_computed_tokens + j for s, n in zip(seqs, num_new_tokens) for j in range(n)]
-            tables = block_table_tensor([s.block_table for s, n in zip(seqs, num_new_tokens) for _ in range(n)],
-                                        self.device)
-            last = [end - 1 for end in itertools.accumulate(num_new_tokens)]
+        if self.native is not None and (len(order) == num_new_tokens.count(1)
+                                        or sum(num_new_tokens) <= NATIVE_STEP_TOKENS):
+            last = list(itertools.accumulate(num_new_tokens, initial=-1))[1:]   # each row's last token
             rows = [last[r] for r in sampled]
-            if not rows:   # no row's token is due (a chunk mid-prompt): the layers only
-                self.native.decode(ids, positions, cache.k, cache.v, tables, False, [0])
-                return StepOutput(seqs, num_new_tokens, sampled, None)
-            logits, tokens = self.native.decode(ids, positions, cache.k, cache.v, tables, greedy, rows)
-            return StepOutput(seqs, num_new_tokens, sampled, logits, tokens)
+            logits, tokens = self._native([s.token_ids[s.num_computed_tokens:s.num_computed_tokens + n]
+                                           for s, n in zip(seqs, num_new_tokens)],
+                                          [s.num_computed_tokens for s in seqs], [s.block_table for s in seqs],
+                                          None if rows == list(range(last[-1] + 1)) else rows, greedy)
+            return StepOutput(seqs, num_new_tokens, sampled, logits if sampled else None, tokens)
         batch = build_step_batch([s.token_ids[s.num_computed_tokens:s.num_computed_tokens + n]
                                   for s, n in zip(seqs, num_new_tokens)],
                                  [s.num_computed_tokens for s in seqs], [s.block_table for s in seqs],
@@ -116,25 +99,14 @@ class ModelRunner:
         ``wanted[r]`` tokens of each row, rows in order (``[sum(wanted), V]``; default:
         each row's last token; ``every_position``: all of them, a verify pass).
 
-        With the native plan, a row of n tokens runs as n one-token rows at consecutive
-        positions over the same block table: each layer writes every row's key and value
-        before any row attends, so the row at position p sees the keys of p-1, p-2, ..
-        written in the same call -- causal attention over the chunk, through the batched
-        decode kernels (one GEMM over all the tokens). A row longer than
-        ``NATIVE_ROW_TOKENS`` of which fewer logits are wanted (a prefill chunk, a draft
-        catching up on a prompt) sends the step through the module path."""
+        With the native plan (``NATIVE_STEP_TOKENS`` tokens in all at most) the rows run
+        as one-token rows (``_native``), the head only on the wanted positions; else the
+        module path."""
         lens = [len(t) for t in tokens]
         wanted = lens if every_position else [1] * len(tokens) if wanted is None else list(wanted)
-        if self.native is not None and all(n <= NATIVE_ROW_TOKENS or w == n for n, w in zip(lens, wanted)):
-            ids = [t for row in tokens for t in row]
-            positions = [s + j for s, n in zip(starts, lens) for j in range(n)]
-            repeated = [tables[r] for r, n in enumerate(lens) for _ in range(n)]
-            logits, _ = self.native.decode(ids, positions, self.kv_cache.k, self.kv_cache.v,
-                                           block_table_tensor(repeated, self.device), False)
-            if wanted == lens:
-                return logits
-            picked = [end - j for end, w in zip(torch.tensor(lens).cumsum(0).tolist(), wanted) for j in range(w, 0, -1)]
-            return logits[picked]
+        if self.native is not None and sum(lens) <= NATIVE_STEP_TOKENS:
+            picked = [end - j for end, w in zip(itertools.accumulate(lens), wanted) for j in range(w, 0, -1)]
+            return self._native(tokens, starts, tables, None if wanted == lens else picked, False)[0]
         order = [r for r, n in enumerate(lens) if n == 1] + [r for r, n in enumerate(lens) if n != 1]
         batch = build_step_batch([tokens[r] for r in order], [starts[r] for r in order], [tables[r] for r in order],
                                  self.kv_cache.block_size, self.device)
@@ -146,6 +118,18 @@ class ModelRunner:
             return torch.empty(0, self.model.vocab_size)
         hidden = self.model.forward_paged(batch, self.kv_cache, torch.tensor(picked, device=self.device))
         return self.model.logits(hidden)
+
+    def _native(self, tokens: list[list[int]], starts: list[int], tables: list, logit_rows: list[int] | None,
+                greedy: bool) -> tuple[torch.Tensor, list[int] | None]:
+        """Rows of tokens through the native plan as one-token rows: row r's tokens at
+        positions ``starts[r] ..`` over its block table ``tables[r]`` (each layer writes
+        every row's key and value before any row attends, so a row sees the keys of the
+        tokens before it in the same call: causal attention over the chunk). The logits (and
+        greedy tokens) of the flattened rows ``logit_rows`` (None: all)."""
+        ids = [t for row in tokens for t in row]
+        positions = [s + j for s, row in zip(starts, tokens) for j in range(len(row))]
+        repeated = block_table_tensor([tables[r] for r, row in enumerate(tokens) for _ in row], self.device)
+        return self.native.decode(ids, positions, self.kv_cache.k, self.kv_cache.v, repeated, greedy, logit_rows)
 
     @torch.inference_mode()
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -31,9 +31,8 @@ class NativeDecode:
         attention over positions ``0..positions[r]`` within the layer's window) ->
         ``(fp32 logits [B, vocab], each row's argmax token if greedy else None)``;
         ``logit_rows``: only those rows' logits and tokens, in that order (the head skips
-        the rest)."""
-        logits, tokens = self.plan.decode_tokens(ids, positions, k_pool, v_pool, block_tables, greedy,
-                                                 list(logit_rows or []))
+        the rest; ``[]``: no head at all)."""
+        logits, tokens = self.plan.decode_tokens(ids, positions, k_pool, v_pool, block_tables, greedy, logit_rows)
         return logits, (tokens if greedy else None)
 
 

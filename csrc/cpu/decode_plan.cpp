@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -85,13 +86,14 @@ class DecodePlan {
   // compress::argmax_rows gives, taken while the logits are still in cache; else empty).
   // k_pool / v_pool: [layers, num_blocks, n_kv_heads, block_size, head_dim], float32,
   // bfloat16 or float16 (any of them under float32 or bfloat16 activations).
-  // `logit_rows`: the rows whose logits (and tokens) are wanted, in order (empty: every
-  // row); a prompt chunk run as one-token rows needs its last token's only.
+  // `logit_rows`: the rows whose logits (and tokens) are wanted, in order (none given:
+  // every row; empty: none, the head does not run); a prompt chunk run as one-token rows
+  // needs its last token's only.
   std::tuple<at::Tensor, std::vector<int64_t>> decode_tokens(const std::vector<int64_t>& ids,
                                                              const std::vector<int64_t>& positions,
                                                              const at::Tensor& k_pool, const at::Tensor& v_pool,
                                                              const at::Tensor& block_tables, bool greedy,
-                                                             const std::vector<int64_t>& logit_rows) const {
+                                                             const std::optional<std::vector<int64_t>>& logit_rows) const {
     TORCH_CHECK(head_ != nullptr, kOp, ": no head (call set_head first)");
     const int64_t n_layers = static_cast<int64_t>(layers_.size());
     TORCH_CHECK(n_layers > 0, kOp, ": the plan has no layers");
@@ -129,11 +131,12 @@ class DecodePlan {
       h = decode_layer_run(h, l.attn_norm_weight, l.mlp_norm_weight, l.eps, l.linears, cos, sin, k_pool.select(0, i),
                            v_pool.select(0, i), rows, l.window, n_heads_, n_kv_heads_);
     }
-    if (!logit_rows.empty()) {
-      for (const int64_t r : logit_rows)
+    if (logit_rows) {
+      for (const int64_t r : *logit_rows)
         TORCH_CHECK(r >= 0 && r < B, kOp, ": logit row ", r, " outside the ", B, " rows");
-      const at::Tensor wanted = at::from_blob(const_cast<int64_t*>(logit_rows.data()),
-                                              {static_cast<int64_t>(logit_rows.size())}, at::kLong);
+      if (logit_rows->empty()) return {at::empty({0, head_->embed.size(0)}, h.options().dtype(at::kFloat)), {}};
+      const at::Tensor wanted = at::from_blob(const_cast<int64_t*>(logit_rows->data()),
+                                              {static_cast<int64_t>(logit_rows->size())}, at::kLong);
       h = at::index_select(h, 0, wanted);
     }
     h = rms_norm(h, head_->norm_weight, head_->eps);
@@ -202,7 +205,7 @@ int register_decode_plan(PyObject* module) {
              py::arg("bias"))
         .def("decode_tokens", &DecodePlan::decode_tokens, py::arg("ids"), py::arg("positions"), py::arg("k_pool"),
              py::arg("v_pool"), py::arg("block_tables"), py::arg("greedy"),
-             py::arg("logit_rows") = std::vector<int64_t>{}, py::call_guard<py::gil_scoped_release>())
+             py::arg("logit_rows") = py::none(), py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("n_layers", &DecodePlan::n_layers)
         .def_property_readonly("has_head", &DecodePlan::has_head)
         .def_property_readonly("windows", &DecodePlan::windows);
