@@ -18,6 +18,7 @@ import torch
 
 from compress.bench.bandwidth import read_bandwidth
 from compress.bench.cpu_info import cpu_line, describe_cpu
+from compress.errors import UserError
 from compress.io.files import atomic_write_text
 
 
@@ -94,13 +95,15 @@ def compress_runner(llm, batch: int, prompt_len: int, new_tokens: int):
 
 # ---------------------------------------------------------------- transformers
 def transformers_runner(model, batch: int, prompt_len: int, new_tokens: int):
-    ids = torch.tensor(_prompts(batch, prompt_len, model.config.vocab_size))
+    ids = torch.tensor(_prompts(batch, prompt_len, model.config.vocab_size), device=model.device)
     kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
 
     def gen(n):
         t0 = time.perf_counter()
         with torch.inference_mode():
             model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, **kw)
+        if ids.is_cuda:
+            torch.cuda.synchronize()
         return time.perf_counter() - t0
 
     gen(2)
@@ -120,11 +123,23 @@ def run(args, log=print) -> dict:
     if args.hf and "llamacpp" in args.engines:  # missing tools: say so before any work
         from compress.bench.llamacpp import load_tools
         llamacpp_tools = load_tools(args.llamacpp_dir)
-    bw = read_bandwidth(int(args.bandwidth_mib) << 20)
-    gbps = bw["best_gbps"]
+    device = args.device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("bench model --device cuda: torch sees no CUDA device")
+    if device == "cuda" and "llamacpp" in args.engines:
+        log("# llama.cpp left out: --device cuda runs our runtime and transformers on the GPU only")
+        args.engines = [e for e in args.engines if e != "llamacpp"]
     cpu = describe_cpu()
     log(f"# {cpu_line(cpu)}")
-    log(f"# threads={threads} DRAM read bandwidth: best {gbps:.1f} GB/s (median {bw['median_gbps']:.1f})")
+    if device == "cuda":  # the limit: weights streamed from HBM at a device copy's rate (read + written)
+        from compress.bench.cuda import measure_copy_bandwidth
+        gbps = measure_copy_bandwidth("cuda") / 1e9
+        bw = {"best_gbps": gbps, "median_gbps": gbps, "device": torch.cuda.get_device_name()}
+        log(f"# {bw['device']}: device copy {gbps:.0f} GB/s (read + written)")
+    else:
+        bw = read_bandwidth(int(args.bandwidth_mib) << 20)
+        gbps = bw["best_gbps"]
+        log(f"# threads={threads} DRAM read bandwidth: best {gbps:.1f} GB/s (median {bw['median_gbps']:.1f})")
     runners = []   # (engine, scheme, batch, weight bytes per token, one_round, kv cache type)
     engines = set(args.engines)
     if "compress" in engines:
@@ -133,6 +148,7 @@ def run(args, log=print) -> dict:
             for kv in args.kv_cache_dtypes:
                 for act in args.w4_activations:
                     llm = LLM(path, dtype=args.dtype, kernels="native", threads=threads, max_batch_size=max(args.batch),
+                              device=device,
                               kv_cache_dtype=None if kv == "model" else kv, w4_activations=act,
                               max_num_batched_tokens=max(args.batch) * args.prompt_len,
                               kv_cache_tokens=max(args.batch) * (args.prompt_len + args.new_tokens + 16),
@@ -153,13 +169,13 @@ def run(args, log=print) -> dict:
     if hf and "transformers" in engines:
         from transformers import AutoModelForCausalLM
         for dt in args.hf_dtypes:
-            tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dt]
-            model = AutoModelForCausalLM.from_pretrained(hf, dtype=tdtype).eval()
+            tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dt]
+            model = AutoModelForCausalLM.from_pretrained(hf, dtype=tdtype).to(device).eval()
             torch.set_num_threads(threads)
             for b in args.batch:
                 runners.append(("transformers", dt, b, _streamed_bytes(model),
                                 transformers_runner(model, b, args.prompt_len, args.new_tokens),
-                                {"float32": "f32", "bfloat16": "bf16"}[dt]))
+                                {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}[dt]))
     llamacpp_info = None
     if hf and "llamacpp" in engines:
         llamacpp_info = _add_llamacpp_runners(runners, llamacpp_tools, args, hf, threads, log)
@@ -181,7 +197,7 @@ def run(args, log=print) -> dict:
     comparison = compare(records)
     for line in comparison_lines(comparison):
         log(line)
-    return {"cpu": cpu, "threads": threads, "bandwidth": bw, "llamacpp": llamacpp_info,
+    return {"cpu": cpu, "device": device, "threads": threads, "bandwidth": bw, "llamacpp": llamacpp_info,
             "records": [asdict(r) for r in records], "comparison": comparison}
 
 
@@ -295,12 +311,15 @@ def add_arguments(p) -> None:
     p.add_argument("--kv-cache-dtypes", nargs="*", default=["model", "float16"], choices=["model", "float16"],
                    help="KV cache types to run our runtime with: 'model' (= --dtype, exact) and/or float16 "
                         "(what llama.cpp keeps)")
-    p.add_argument("--hf-dtypes", nargs="*", default=["float32", "bfloat16"])
+    p.add_argument("--hf-dtypes", nargs="*", default=["float32", "bfloat16"], choices=["float32", "bfloat16", "float16"])
     p.add_argument("--gguf-types", nargs="*", default=["q4_0", "q8_0"], choices=["q4_0", "q8_0", "f16"])
     p.add_argument("--llamacpp-dir", help="where `compress bench llamacpp` built llama.cpp's tools "
                                          "(default: ~/.cache/compress/llamacpp)")
     p.add_argument("--gguf-dir", help="where converted GGUF files are cached (default: gguf/<source> under "
                                       "the llama.cpp tools' directory)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where our runtime and transformers run (cuda: the limit is a device copy's GB/s; "
+                        "llama.cpp is left out)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--bandwidth-mib", type=int, default=1024)
     p.add_argument("--json", help="write the records to this file")

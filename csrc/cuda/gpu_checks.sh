@@ -8,9 +8,11 @@
 #      and the runtime on CUDA (tests/runtime/test_cuda_runtime.py);
 #   3. if the CPU has AVX-512 VNNI, runs the CPU op tests natively on it;
 #   4. times the CUDA kernels (compress bench cuda);
-#   5. cpubench: times the CPU kernels at 2 threads on this CPU;
+#   5. runtime: our runtime on the GPU against transformers fp16 (compress bench model
+#      --device cuda) on a 1.1B-parameter model of TinyLlama's shape made here (int4 RTN);
+#   6. cpubench: times the CPU kernels at 2 threads on this CPU;
 #   asan: the CPU op tests against an AddressSanitizer build of compress._C.
-# Logs go to $LOG_DIR (default ./gpu-logs). Usage: csrc/cuda/gpu_checks.sh [info|build|cudaops|test|cpu|asan|bench|cpubench ...]
+# Logs go to $LOG_DIR (default ./gpu-logs). Usage: csrc/cuda/gpu_checks.sh [info|build|cudaops|test|cpu|asan|bench|runtime|cpubench ...]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 LOG_DIR=$(mkdir -p "${LOG_DIR:-gpu-logs}" && cd "${LOG_DIR:-gpu-logs}" && pwd)
@@ -33,7 +35,7 @@ if not torch.cuda.is_available():
 if not ops.native_available("cuda"):
     sys.exit("cudaops: FAILED: compress._cuda is not built: the GPU suite would skip every kernel")
 cuda_ops = ("w4a16_gemm", "w4a16_shuffle_for_cuda", "w4a16_gemm_shuffled", "quantize_per_token_int8",
-            "w8a8_gemm", "w8a8_outlier_gemm")
+            "w8a8_gemm", "w8a8_outlier_gemm", "paged_decode_attention")
 missing = [op for op in cuda_ops
            if op not in library.SCHEMAS or not torch._C._dispatch_has_kernel_for_dispatch_key(f"compress::{op}", "CUDA")]
 if missing:
@@ -94,6 +96,20 @@ for step in "${steps[@]}"; do
     bench)
       assert_cuda_ops || exit 1
       $PY -m compress.cli bench cuda --json "$LOG_DIR/bench_cuda.json" 2>&1 | tee "$LOG_DIR/bench_cuda.log" | tail -60
+      ;;
+    runtime)
+      assert_cuda_ops || exit 1
+      model=${RUNTIME_MODEL_DIR:-build/gpu-bench-model}
+      if [ ! -d "$model/rtn-int4" ]; then
+        $PY -m compress.cli bench make-model --out "$model" --hidden 2048 --layers 16 --intermediate 5632 \
+          --heads 32 --kv-heads 4 --dtype float16 --exports int4 >"$LOG_DIR/make_model.log" 2>&1 \
+          || { tail -30 "$LOG_DIR/make_model.log"; status=1; continue; }
+      fi
+      $PY -m compress.cli bench model "$model/rtn-int4" --hf "$model/hf" --device cuda --dtype float16 \
+        --engines compress transformers --hf-dtypes float16 --w4-activations float --kv-cache-dtypes model \
+        --batch 1 16 64 --prompt-len 128 --new-tokens 64 --reps 3 --json "$LOG_DIR/bench_model_cuda.json" \
+        2>&1 | tee "$LOG_DIR/bench_model_cuda.log" | tail -30
+      [ ${PIPESTATUS[0]} -ne 0 ] && status=1
       ;;
     cpubench)
       # the CPU kernels at 2 threads on this CPU (VNNI where it has it) against torch
