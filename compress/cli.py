@@ -132,6 +132,7 @@ def _cmd_generate(args) -> int:
 
     speculative = speculative_option(args)
     llm = load_llm(LLM, args.path, speculative, dtype=args.dtype, kernels=args.kernels, threads=args.threads,
+                   device=args.device,
                    kv_cache_dtype=args.kv_cache_dtype, w4_activations=args.w4_activations)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed)
@@ -213,7 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stream", action="store_true")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where the model runs (cuda: CUDA kernels and decode graphs; wants --dtype float16 or bfloat16)")
     g.add_argument("--kv-cache-dtype", default=None, choices=["float16"],
                    help="store keys and values in float16 (half the cache bytes; default: --dtype, exact)")
     g.add_argument("--kernels", choices=["native", "reference"], default="native")

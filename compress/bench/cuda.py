@@ -7,7 +7,10 @@ M = 1..256 it times, with CUDA events, medians over interleaved repetitions (A B
   w4a16         w4a16_gemm_shuffled         (int4 g=128, shuffled once up front)
   w8a8          w8a8_gemm                   (includes the activation-quant kernel)
   torch_int4    torch._weight_int4pack_mm   (PyTorch's own int4 kernel, bf16, its packing)
-and prints time, achieved GB/s and TFLOP/s, speed-up over cuBLAS, and the roofline
+Each kernel's calls are captured into a CUDA graph and replayed, so the time is the
+GPU's: launched one by one from Python, a call costs the host ~20 us on a cloud VM,
+more than most of these kernels take (that time is printed beside, "launched us").
+It prints time, achieved GB/s and TFLOP/s, speed-up over cuBLAS, and the roofline
 time max(bytes / bandwidth, flops / peak) of each kernel (bandwidth: a device copy
 measured in the same run; peaks: H100 SXM datasheet 989 TFLOP/s fp16, 1979 TOP/s int8;
 override with --bw/--fp16/--int8). Each kernel cycles through copies of its weights
@@ -34,12 +37,30 @@ GROUP = 128
 KERNELS = ("cublas_fp16", "w4a16", "w8a8", "torch_int4")
 
 
-def time_fns(fns: dict, reps: int, inner: int, dev: str = "cuda") -> dict[str, float]:
+def graphed(fn, inner: int):
+    """``inner`` calls of ``fn`` captured into one CUDA graph (after a warm-up call on a
+    side stream); returns its replay. The calls' Python work (the weight rotation's
+    ``next``) runs once, at capture, so each captured call keeps its own weight copy."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(inner):
+            fn()
+    return graph.replay
+
+
+def time_fns(fns: dict, reps: int, inner: int, dev: str = "cuda", graphs: bool = False) -> dict[str, float]:
     """Median milliseconds per call of each fn, repetitions interleaved (CUDA events; a
-    host clock on the cpu dry run)."""
+    host clock on the cpu dry run). ``graphs`` (CUDA): each round replays a graph of
+    ``inner`` calls, so the figure is the GPU's time, not the host's launch rate."""
     times = {k: [] for k in fns}
     for fn in fns.values():  # warm up
         fn()
+    rounds = {k: graphed(fn, inner) for k, fn in fns.items()} if graphs and dev == "cuda" else None
     if dev == "cuda":
         torch.cuda.synchronize()
     for _ in range(reps):
@@ -52,8 +73,11 @@ def time_fns(fns: dict, reps: int, inner: int, dev: str = "cuda") -> dict[str, f
                 continue
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            for _ in range(inner):
-                fn()
+            if rounds is not None:
+                rounds[name]()
+            else:
+                for _ in range(inner):
+                    fn()
             end.record()
             end.synchronize()
             times[name].append(start.elapsed_time(end) / inner)
@@ -96,7 +120,7 @@ def _weight_copies(rotate_mb: float, *ts):
     return itertools.cycle([ts] + [tuple(t.clone() for t in ts) for _ in range(reps - 1)])
 
 
-def _row(n, k, m, name, ms, bw, fp16_peak, int8_peak) -> dict:
+def _row(n, k, m, name, ms, bw, fp16_peak, int8_peak, launched: dict | None = None) -> dict:
     """One kernel's record: its time, achieved rates and its roofline time."""
     flops = 2.0 * m * n * k
     act = m * k * 2 + m * n * 2
@@ -108,7 +132,8 @@ def _row(n, k, m, name, ms, bw, fp16_peak, int8_peak) -> dict:
     sec = ms[name] * 1e-3
     roof = max(nbytes / bw, flops / peak)
     return dict(n=n, k=k, m=m, kernel=name, us=sec * 1e6, gbps=nbytes / sec / 1e9, tflops=flops / sec / 1e12,
-                speedup=ms["cublas_fp16"] / ms[name], roof_us=roof * 1e6, pct_roof=100 * roof / sec)
+                speedup=ms["cublas_fp16"] / ms[name], roof_us=roof * 1e6, pct_roof=100 * roof / sec,
+                launched_us=None if launched is None else launched[name] * 1e3)
 
 
 def run(args, log=print) -> dict | None:
@@ -132,8 +157,11 @@ def run(args, log=print) -> dict | None:
     device_name = torch.cuda.get_device_name() if dev == "cuda" else "CPU dry run"
     log(f"# {device_name}  roofline: {bw / 1e12:.2f} TB/s, "
         f"{args.fp16 / 1e12:.0f} TFLOP/s fp16, {args.int8 / 1e12:.0f} TOP/s int8")
+    use_graphs = dev == "cuda" and not args.no_graphs
+    log(f"# us: {'a CUDA graph of --inner calls, replayed (GPU time)' if use_graphs else 'calls launched one by one'}"
+        f"{'; launched us: the same calls launched one by one from Python (the host-bound time)' if use_graphs else ''}")
     log(f"{'N x K':>12} {'M':>4} {'kernel':>12} {'us':>9} {'GB/s':>7} {'TFLOP/s':>8} {'vs cuBLAS':>9} "
-        f"{'roof us':>8} {'% roof':>6}")
+        f"{'roof us':>8} {'% roof':>6} {'launched us' if use_graphs else ''}")
     rows, notes, int4_errors = [], [], {}
     for n, k in shapes:
         g = torch.Generator(device="cpu").manual_seed(0)
@@ -172,13 +200,23 @@ def run(args, log=print) -> dict | None:
                     notes.append(f"torch_int4 {n}x{k}: relative error against the dequantized fp16 product "
                                  f"{err:.1e}")
                     log(f"# {notes[-1]}")
-            ms = time_fns(fns, args.reps, args.inner, dev)
+            launched = time_fns(fns, args.reps, args.inner, dev)
+            ms = launched
+            if use_graphs:
+                try:
+                    ms = time_fns(fns, args.reps, args.inner, dev, graphs=True)
+                except RuntimeError as e:  # a kernel that cannot be captured: say so, time the launches
+                    use_graphs = False
+                    notes.append(f"CUDA graph capture failed ({str(e).splitlines()[0][:160]}); "
+                                 "the figures from here on are launch-bound times")
+                    log(f"# {notes[-1]}")
             for name in ms:
-                row = _row(n, k, m, name, ms, bw, args.fp16, args.int8)
+                row = _row(n, k, m, name, ms, bw, args.fp16, args.int8, launched if use_graphs else None)
                 rows.append(row)
                 log(f"{n:>5} x {k:<5} {m:>4} {name:>12} {row['us']:>9.1f} {row['gbps']:>7.0f} "
-                    f"{row['tflops']:>8.1f} {row['speedup']:>8.2f}x {row['roof_us']:>8.1f} {row['pct_roof']:>5.0f}%")
-    return {"device": device_name, "bandwidth_bytes_per_s": bw, "fp16_peak_flops": args.fp16,
+                    f"{row['tflops']:>8.1f} {row['speedup']:>8.2f}x {row['roof_us']:>8.1f} {row['pct_roof']:>5.0f}% "
+                    f"{'' if row['launched_us'] is None else format(row['launched_us'], '9.1f')}")
+    return {"device": device_name, "graphs": use_graphs, "bandwidth_bytes_per_s": bw, "fp16_peak_flops": args.fp16,
             "int8_peak_ops": args.int8, "dtype": args.dtype, "notes": notes,
             "torch_int4_rel_error": int4_errors, "records": rows}
 
@@ -205,5 +243,8 @@ def add_arguments(p) -> None:
     p.add_argument("--int8", type=float, default=1979e12, help="dense int8 tensor-core peak, OP/s")
     p.add_argument("--reps", type=int, default=7, help="A B A B rounds")
     p.add_argument("--inner", type=int, default=20, help="calls per timed round")
+    p.add_argument("--no-graphs", action="store_true",
+                   help="time calls launched one by one only (default: also replay them from a CUDA graph, "
+                        "the GPU's time without the host's launch cost)")
     p.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
     p.add_argument("--json", help="write the records to this file")

@@ -8,6 +8,7 @@ Engines alternate round by round (medians over ``--reps`` rounds), all on the sa
 threads; the output and the JSON name the CPU (model and ISA flags)."""
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import time
@@ -144,24 +145,26 @@ def run(args, log=print) -> dict:
     engines = set(args.engines)
     if "compress" in engines:
         from compress.runtime import LLM
+        cuda_graphs = args.cuda_graphs if device == "cuda" else ["on"]
         for path in args.paths:
-            for kv in args.kv_cache_dtypes:
-                for act in args.w4_activations:
-                    llm = LLM(path, dtype=args.dtype, kernels="native", threads=threads, max_batch_size=max(args.batch),
-                              device=device,
-                              kv_cache_dtype=None if kv == "model" else kv, w4_activations=act,
-                              max_num_batched_tokens=max(args.batch) * args.prompt_len,
-                              kv_cache_tokens=max(args.batch) * (args.prompt_len + args.new_tokens + 16),
-                              enable_prefix_caching=False)  # rounds repeat their prompts
-                    scheme = "+".join(sorted({getattr(mod, "scheme", None) for mod in llm.model.modules()} - {None}))
-                    if llm.w4_activations == "int8":  # int4 layers on the fast path: named apart
-                        scheme += "/int8-act"
-                    kv_name = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}[llm.kv_cache_dtype]
-                    for b in args.batch:
-                        runners.append(("compress", scheme, b, _streamed_bytes(llm.model),
-                                        compress_runner(llm, b, args.prompt_len, args.new_tokens), kv_name))
-                    if llm.w4_activations is None:  # no int4 layers: the choice changes nothing
-                        break
+            for kv, act, graphs in itertools.product(args.kv_cache_dtypes, args.w4_activations, cuda_graphs):
+                llm = LLM(path, dtype=args.dtype, kernels="native", threads=threads, max_batch_size=max(args.batch),
+                          device=device, cuda_graphs=graphs == "on",
+                          kv_cache_dtype=None if kv == "model" else kv, w4_activations=act,
+                          max_num_batched_tokens=max(args.batch) * args.prompt_len,
+                          kv_cache_tokens=max(args.batch) * (args.prompt_len + args.new_tokens + 16),
+                          enable_prefix_caching=False)  # rounds repeat their prompts
+                if act != args.w4_activations[0] and llm.w4_activations is None:
+                    continue   # no int4 layers: the activation choice changes nothing
+                scheme = "+".join(sorted({getattr(mod, "scheme", None) for mod in llm.model.modules()} - {None}))
+                if llm.w4_activations == "int8":  # int4 layers on the fast path: named apart
+                    scheme += "/int8-act"
+                if device == "cuda" and graphs == "off":
+                    scheme += "/no-graphs"
+                kv_name = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}[llm.kv_cache_dtype]
+                for b in args.batch:
+                    runners.append(("compress", scheme, b, _streamed_bytes(llm.model),
+                                    compress_runner(llm, b, args.prompt_len, args.new_tokens), kv_name))
     hf = args.hf
     need_hf = sorted(engines & {"llamacpp", "transformers"})
     if need_hf and not hf:
@@ -320,6 +323,8 @@ def add_arguments(p) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where our runtime and transformers run (cuda: the limit is a device copy's GB/s; "
                         "llama.cpp is left out)")
+    p.add_argument("--cuda-graphs", nargs="*", default=["on"], choices=["on", "off"],
+                   help="--device cuda: decode steps replayed from CUDA graphs (on) or launched kernel by kernel (off)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--bandwidth-mib", type=int, default=1024)
     p.add_argument("--json", help="write the records to this file")

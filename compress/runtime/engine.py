@@ -19,6 +19,8 @@ from typing import Iterator, Sequence as Seq
 
 import torch
 
+from compress.errors import UserError
+
 from compress.ops import BACKENDS
 from compress.runtime import scoring
 from compress.runtime.layers import Int4Linear
@@ -59,6 +61,8 @@ class LLM:
     rows of ``max_seq_len``, at most half the memory; on CPU it is committed only as it
     is written). ``native_decode``: decode-only steps through the native one-call plan
     where the model allows it (``native_decode.py``); off, every step runs the modules.
+    ``cuda_graphs``: on a GPU (``device="cuda"``), decode steps replay CUDA graphs captured
+    at load, one per batch bucket (``cuda_graphs.py``); off, each step launches its kernels.
 
     ``speculative``: speculative decoding (``runtime/speculative/``), lossless: a dict
     ``{"model": DRAFT, "num_speculative_tokens": k}`` (a draft checkpoint with the
@@ -73,8 +77,8 @@ class LLM:
                  kv_cache_dtype=None, w4_activations: str = DEFAULT_W4_ACTIVATIONS, block_size: int = 16,
                  kv_cache_tokens: int | None = None, max_num_batched_tokens: int = 512,
                  enable_chunked_prefill: bool = True, enable_prefix_caching: bool = True, native_decode: bool = True,
-                 speculative=None, max_prefill_tokens_with_decodes: int | None = None):
-        engine_args = dict(block_size=block_size, kv_cache_tokens=kv_cache_tokens,
+                 speculative=None, max_prefill_tokens_with_decodes: int | None = None, cuda_graphs: bool = True):
+        engine_args = dict(block_size=block_size, kv_cache_tokens=kv_cache_tokens, cuda_graphs=cuda_graphs,
                            max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
                            enable_prefix_caching=enable_prefix_caching, native_decode=native_decode,
                            speculative=speculative, max_prefill_tokens_with_decodes=max_prefill_tokens_with_decodes)
@@ -115,6 +119,8 @@ class LLM:
         self.manifest = getattr(ckpt, "manifest", None)
         self.dtype = resolve_dtype(dtype)
         self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise UserError(f"device={str(device)!r}: torch {torch.__version__} sees no CUDA device")
         self.kernels = kernels
         kv = self.dtype if kv_cache_dtype is None else resolve_dtype(kv_cache_dtype)
         if kv not in (torch.float32, torch.bfloat16, torch.float16):
@@ -294,7 +300,7 @@ class LLM:
 
 ENGINE_ARGS = {"block_size", "kv_cache_tokens", "max_num_batched_tokens", "enable_chunked_prefill",
                "enable_prefix_caching", "native_decode",
-               "max_prefill_tokens_with_decodes"}   # and speculative (taken apart before the engine)
+               "max_prefill_tokens_with_decodes", "cuda_graphs"}   # and speculative (taken apart before the engine)
 
 
 def _read_json(path: Path) -> dict:

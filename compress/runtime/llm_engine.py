@@ -46,13 +46,14 @@ class LLMEngine:
     capped at half the memory (``kv_cache.default_num_blocks``). ``native_decode``:
     run decode-only steps through the native plan where the model allows it.
     ``max_prefill_tokens_with_decodes``: the prompt tokens a step that also decodes may
-    take (``scheduler.py``)."""
+    take (``scheduler.py``). ``cuda_graphs``: on a GPU, decode steps replay CUDA graphs
+    captured at start (``cuda_graphs.py``); off, they launch every kernel."""
 
     def __init__(self, model: LlamaFamilyModel, tokenizer=None, eos_token_ids=(), bos_token_id: int | None = None,
                  *, kv_cache_dtype=None, block_size: int = 16, kv_cache_tokens: int | None = None,
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 512, enable_chunked_prefill: bool = True,
                  enable_prefix_caching: bool = True, native_decode: bool = True, speculative=None,
-                 max_prefill_tokens_with_decodes: int | None = None):
+                 max_prefill_tokens_with_decodes: int | None = None, cuda_graphs: bool = True):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.model = model
@@ -74,7 +75,11 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill,
                                    max_prefill_tokens_with_decodes)
-        self.runner = ModelRunner(model, self.kv_cache, _native_decode(model) if native_decode else None)
+        graphs = None
+        if cuda_graphs and model.device.type == "cuda":   # captured now, while no sequence holds a block
+            from compress.runtime.cuda_graphs import DecodeGraphs
+            graphs = DecodeGraphs(model, self.kv_cache, max_num_seqs)
+        self.runner = ModelRunner(model, self.kv_cache, _native_decode(model) if native_decode else None, graphs)
         self.requests: dict[str, Sequence] = {}
         self.tokens_generated = 0
         self.tokens_prefilled = 0
@@ -236,4 +241,5 @@ class LLMEngine:
                 "tokens_generated": self.tokens_generated, "tokens_prefilled": self.tokens_prefilled,
                 "tokens_decoded": self.tokens_decoded, "steps": self.steps,
                 "native_decode": self.runner.native is not None,
+                "cuda_graph_replays": 0 if self.runner.graphs is None else self.runner.graphs.replays,
                 **({} if self.speculative is None else self.speculative.stats_dict())}

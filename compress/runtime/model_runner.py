@@ -4,7 +4,8 @@ A step's rows (``Sequence`` + how many of its tokens to compute) become one batc
 descriptor (``step_batch.StepBatch``): one-token rows first, then prefill chunks, all
 tokens flattened, so each linear is one GEMM over every row's tokens. Where the model
 has a native one-call decode step (``native_decode.build_native_decode``, chosen once
-at load) a step whose rows all bring one token runs through it instead, and so does a step
+at load) a step whose rows all bring one token runs through it instead (on a GPU: the
+step's CUDA graph, ``cuda_graphs.DecodeGraphs``), and so does a step
 of up to ``NATIVE_STEP_TOKENS`` tokens with prompt chunks (each chunk's tokens as one-token
 rows, ``ModelRunner._native``); everything else runs the module path. Either way the step
 returns the logits of each row whose tokens are now all computed (its next token is due).
@@ -41,10 +42,11 @@ class StepOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaFamilyModel, kv_cache: PagedKVCache | None, native=None):
+    def __init__(self, model: LlamaFamilyModel, kv_cache: PagedKVCache | None, native=None, graphs=None):
         self.model = model
         self.kv_cache = kv_cache
         self.native = native        # a NativeDecode, or None: the module path runs every step
+        self.graphs = graphs        # a cuda_graphs.DecodeGraphs (GPU decode steps), or None
         self.device = model.device
 
     @property
@@ -68,6 +70,12 @@ class ModelRunner:
         sampled = [r for r, (s, n) in enumerate(zip(seqs, num_new_tokens))
                    if s.num_computed_tokens + n == s.num_tokens]
         cache = self.kv_cache
+        graphs = self.graphs
+        if (graphs is not None and len(sampled) == len(seqs) == num_new_tokens.count(1)
+                and len(seqs) <= graphs.max_batch):
+            logits = graphs.decode([s.token_ids[s.num_computed_tokens] for s in seqs],
+                                   [s.num_computed_tokens for s in seqs], [s.block_table for s in seqs])
+            return StepOutput(seqs, num_new_tokens, sampled, logits)
         if self.native is not None and (len(order) == num_new_tokens.count(1)
                                         or sum(num_new_tokens) <= NATIVE_STEP_TOKENS):
             last = list(itertools.accumulate(num_new_tokens, initial=-1))[1:]   # each row's last token

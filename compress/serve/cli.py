@@ -20,6 +20,7 @@ RUNTIME_OPTIONS = {
     "w4_activations": "w4_activations", "enable_chunked_prefill": "enable_chunked_prefill",
     "enable_prefix_caching": "enable_prefix_caching",
     "max_prefill_tokens_with_decodes": "max_prefill_tokens_with_decodes",
+    "device": "device", "cuda_graphs": "cuda_graphs",
 }
 
 
@@ -54,7 +55,11 @@ def add_serve_parser(sub) -> None:
                         "long prompt comes in, at some prefill throughput")
     r.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None)
     r.add_argument("--max-seq-len", type=int, default=None, help="context length (default: the model's)")
-    r.add_argument("--dtype", default=None, choices=["float32", "bfloat16"])
+    r.add_argument("--device", default=None, choices=["cpu", "cuda"],
+                   help="where the model runs (default cpu; cuda wants --dtype float16 or bfloat16)")
+    r.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", default=None,
+                   help="on a GPU, launch every decode step's kernels instead of replaying CUDA graphs")
+    r.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     r.add_argument("--kv-cache-dtype", default=None, choices=["float16", "bfloat16", "float32"])
     r.add_argument("--kernels", default=None, choices=["native", "reference"])
     r.add_argument("--w4-activations", default=None, choices=W4_ACTIVATIONS,

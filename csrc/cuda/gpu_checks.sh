@@ -8,11 +8,14 @@
 #      and the runtime on CUDA (tests/runtime/test_cuda_runtime.py);
 #   3. if the CPU has AVX-512 VNNI, runs the CPU op tests natively on it;
 #   4. times the CUDA kernels (compress bench cuda);
-#   5. runtime: our runtime on the GPU against transformers fp16 (compress bench model
-#      --device cuda) on a 1.1B-parameter model of TinyLlama's shape made here (int4 RTN);
+#   5. runtime: our runtime on the GPU, decode steps from CUDA graphs and launched, against
+#      transformers fp16 (compress bench model --device cuda) on an 836M-parameter model of
+#      TinyLlama's widths (16 layers) made here, int4 RTN;
+#   serve: compress serve --device cuda under compress bench serve (continuous batching
+#      against one sequence at a time; needs fastapi and uvicorn);
 #   6. cpubench: times the CPU kernels at 2 threads on this CPU;
 #   asan: the CPU op tests against an AddressSanitizer build of compress._C.
-# Logs go to $LOG_DIR (default ./gpu-logs). Usage: csrc/cuda/gpu_checks.sh [info|build|cudaops|test|cpu|asan|bench|runtime|cpubench ...]
+# Logs go to $LOG_DIR (default ./gpu-logs). Usage: csrc/cuda/gpu_checks.sh [info|build|cudaops|test|cpu|asan|bench|runtime|serve|cpubench ...]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 LOG_DIR=$(mkdir -p "${LOG_DIR:-gpu-logs}" && cd "${LOG_DIR:-gpu-logs}" && pwd)
@@ -97,7 +100,7 @@ for step in "${steps[@]}"; do
       assert_cuda_ops || exit 1
       $PY -m compress.cli bench cuda --json "$LOG_DIR/bench_cuda.json" 2>&1 | tee "$LOG_DIR/bench_cuda.log" | tail -60
       ;;
-    runtime)
+    runtime|serve)
       assert_cuda_ops || exit 1
       model=${RUNTIME_MODEL_DIR:-build/gpu-bench-model}
       if [ ! -d "$model/rtn-int4" ]; then
@@ -105,10 +108,16 @@ for step in "${steps[@]}"; do
           --heads 32 --kv-heads 4 --dtype float16 --exports int4 >"$LOG_DIR/make_model.log" 2>&1 \
           || { tail -30 "$LOG_DIR/make_model.log"; status=1; continue; }
       fi
-      $PY -m compress.cli bench model "$model/rtn-int4" --hf "$model/hf" --device cuda --dtype float16 \
-        --engines compress transformers --hf-dtypes float16 --w4-activations float --kv-cache-dtypes model \
-        --batch 1 16 64 --prompt-len 128 --new-tokens 64 --reps 3 --json "$LOG_DIR/bench_model_cuda.json" \
-        2>&1 | tee "$LOG_DIR/bench_model_cuda.log" | tail -30
+      if [ "$step" = runtime ]; then
+        $PY -m compress.cli bench model "$model/rtn-int4" --hf "$model/hf" --device cuda --dtype float16 \
+          --engines compress transformers --hf-dtypes float16 --w4-activations float --kv-cache-dtypes model \
+          --cuda-graphs on off --batch 1 16 64 --prompt-len 128 --new-tokens 64 --reps 3 \
+          --json "$LOG_DIR/bench_model_cuda.json" 2>&1 | tee "$LOG_DIR/bench_model_cuda.log" | tail -30
+      else
+        $PY -m compress.cli bench serve --model "$model/rtn-int4" --peers ours,ours-serial --concurrency 1 16 \
+          --num-prompts 32 --seed 0 --threads 4 --ours-arg=--device --ours-arg=cuda --ours-arg=--dtype \
+          --ours-arg=float16 --out "$LOG_DIR/bench_serve_cuda.json" 2>&1 | tee "$LOG_DIR/bench_serve_cuda.log" | tail -30
+      fi
       [ ${PIPESTATUS[0]} -ne 0 ] && status=1
       ;;
     cpubench)

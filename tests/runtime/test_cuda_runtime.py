@@ -34,6 +34,26 @@ def test_cuda_kernels_follow_the_reference_on_embedded_model(tmp_path, embedded,
     assert_follows_reference(ref_llm, nat_llm, ref, f"CUDA int{bits}")
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_cuda_graph_decode_steps_match_launched_ones(tmp_path, embedded, bits):
+    """Decode steps replayed from the CUDA graphs captured at load give the tokens that
+    launching the same kernels one by one gives (3 rows: the 4-row graph, padded)."""
+    q = export_rtn(embedded, bits, tmp_path / "q")
+    opts = dict(device="cuda", dtype="float16", max_batch_size=8, enable_prefix_caching=False)
+    graphed, launched = LLM(q, **opts), LLM(q, cuda_graphs=False, **opts)
+    assert graphed.runner.graphs is not None and launched.runner.graphs is None
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    got, want = graphed.generate(PROMPTS[:3], params), launched.generate(PROMPTS[:3], params)
+    assert graphed.engine.stats()["cuda_graph_replays"] == 23
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+
+
+def test_w4a8_activations_are_refused_on_cuda(tmp_path, embedded):
+    q = export_rtn(embedded, 4, tmp_path / "q")
+    with pytest.raises(ValueError, match="CPU kernels only"):
+        LLM(q, device="cuda", dtype="float16", w4_activations="int8")
+
+
 def test_int4_layer_converts_its_scales_once():
     """fp32 scales with fp16 activations: converted on the first call, then reused."""
     from compress.ops import reference as ref

@@ -304,6 +304,9 @@ def build_model(ckpt, dtype: torch.dtype = torch.float32, device="cpu", kernels:
         (and their pages given back, ``runtime/heap.py``) before the next module is read."""
         for m in module.modules():
             if isinstance(m, Int4Linear):
+                if w4_activations == "int8" and torch.device(device).type == "cuda":
+                    raise ValueError("w4_activations='int8' runs on the CPU kernels only; on CUDA the int4 "
+                                     "layers take float16 / bfloat16 activations (w4_activations='float')")
                 m.activations = w4_activations
             if isinstance(m, (*LINEAR_TYPES, RMSNorm, Attention)):
                 m.prepare(kernels)
