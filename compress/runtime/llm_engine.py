@@ -76,7 +76,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill,
                                    max_prefill_tokens_with_decodes)
         graphs = None
-        if cuda_graphs and model.device.type == "cuda":   # captured now, while no sequence holds a block
+        if (cuda_graphs and model.device.type == "cuda"   # captured now, while no sequence holds a block
+                and all(layer.attn.backend == "native" for layer in model.layers)):  # the reference ops sync
             from compress.runtime.cuda_graphs import DecodeGraphs
             graphs = DecodeGraphs(model, self.kv_cache, max_num_seqs)
         self.runner = ModelRunner(model, self.kv_cache, _native_decode(model) if native_decode else None, graphs)
