@@ -79,7 +79,12 @@ class LLMEngine:
         if (cuda_graphs and model.device.type == "cuda"   # captured now, while no sequence holds a block
                 and all(layer.attn.backend == "native" for layer in model.layers)):  # the reference ops sync
             from compress.runtime.cuda_graphs import DecodeGraphs
-            graphs = DecodeGraphs(model, self.kv_cache, max_num_seqs)
+            try:
+                graphs = DecodeGraphs(model, self.kv_cache, max_num_seqs)
+            except RuntimeError as exc:   # an op that syncs with the host cannot be captured
+                log.warning("CUDA graph capture failed (%s); decode steps launch their kernels instead",
+                            str(exc).splitlines()[0][:200])
+                torch.cuda.synchronize()
         self.runner = ModelRunner(model, self.kv_cache, _native_decode(model) if native_decode else None, graphs)
         self.requests: dict[str, Sequence] = {}
         self.tokens_generated = 0
