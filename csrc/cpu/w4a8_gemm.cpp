@@ -82,14 +82,15 @@ void w4_avx512vnni(const W4Args& a, int64_t m0, int64_t m1, int64_t n0, int64_t 
 
 // Many rows on the panel GEMM (w4a8_panel.inc): `a` carries the quantized activations.
 void w4_panel_gemm(const W4Args& a) {
+  constexpr int R = panel::kPanelRows;
   const int64_t MB = ceil_div(a.M, panel::kLanes);
   w4::run_panel_gemm(
       MB, panel::act_panel_bytes(MB, a.KC, a.NG), std::max<int64_t>(1, panel::kActBudget / (a.K * panel::kLanes)),
-      ceil_div(a.N, panel::kPanelRows),
+      ceil_div(a.N, R),
       [&](int64_t mb, uint8_t* act) { panel::build_act_block(a, panel::act_panel_at(act, MB, a.KC, a.NG), mb); },
       [&](uint8_t* act, int64_t mb0, int64_t mb1, int64_t p0, int64_t p1) {
-        const Scratch mine(Scratch::kW4Panel, panel::thread_bytes(a.K));
-        panel::run_panels(a, panel::act_panel_at(act, MB, a.KC, a.NG), mb0, mb1, p0, p1, mine.data());
+        const Scratch mine(Scratch::kW4Panel, panel::thread_bytes(a.K, R));
+        panel::run_panels<R>(a, panel::act_panel_at(act, MB, a.KC, a.NG), mb0, mb1, p0, p1, mine.data());
       });
 }
 #pragma GCC pop_options

@@ -40,7 +40,8 @@ def prepared_op(op: str):
 
 
 # (M, N, K, group): M below, at and past one 16-row m-block, odd; N not a multiple of the
-# 12-row panels nor of the 4-row tiling (row-major rows after the tiled ones); groups 32
+# 8-row panels (a panel's last columns stored under a mask) nor of the 4-row tiling
+# (row-major rows after the tiled ones); groups 32
 # (two per chunk), 64, 128 and one per row (group = K); K of one chunk.
 SHAPES = [(2, 5, 64, 32), (16, 12, 128, 64), (17, 13, 256, 128), (33, 70, 512, 32), (40, 25, 384, 384),
           (100, 37, 1024, 128), (7, 9, 192, 64)]
