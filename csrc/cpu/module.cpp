@@ -5,7 +5,8 @@
 // w8a8_int16_min_rows, set_w8a8_amx_min_rows, w8a8_amx_min_rows, w8a8_amx_available), the
 // W4A8 op's AMX tiles' (set_w4a16_amx_min_rows, w4a16_amx_min_rows, w4a16_amx_available) and panel
 // GEMM's (set_w4a8_panel_min_rows, w4a8_panel_min_rows), the
-// float W4A16 op's at::mm threshold (set_w4a16_mm_min_rows, w4a16_mm_min_rows), the
+// float W4A16 op's at::mm threshold (set_w4a16_mm_min_rows, w4a16_mm_min_rows), paged
+// attention's group kernel switch (set_paged_group_kernel), the
 // compute-peak probe and the DecodePlan class (decode_plan.cpp).
 #include <Python.h>
 
@@ -30,6 +31,16 @@ static PyObject* py_set_cpu_isa(PyObject*, PyObject* arg) {
     return nullptr;
   }
   return PyUnicode_FromString(compress_cpu::isa_name(compress_cpu::active_isa()));
+}
+
+namespace compress_cpu {
+bool set_paged_group_kernel(bool on);   // paged_attention.cpp
+}
+
+static PyObject* py_set_paged_group_kernel(PyObject*, PyObject* arg) {
+  const int on = PyObject_IsTrue(arg);
+  if (on < 0) return nullptr;
+  return PyBool_FromLong(compress_cpu::set_paged_group_kernel(on != 0));
 }
 
 // The kernels' row thresholds: a setter that checks rows >= 1 and returns the previous
@@ -116,6 +127,9 @@ static PyMethodDef compress_c_methods[] = {
      "Fewest rows for which w4a16_gemm* uses at::mm (set_w4a16_mm_min_rows)."},
     {"w4a16_amx_available", py_available<compress_cpu::amx_bf16_available>, METH_NOARGS,
      "Whether this CPU and OS let the W4A16 ops use AMX-BF16 tiles."},
+    {"set_paged_group_kernel", py_set_paged_group_kernel, METH_O,
+     "Whether paged attention runs rows that share their keys (a prompt chunk as one-token rows) through "
+     "its AVX-512 group kernel where the CPU has it (default True); returns the previous setting."},
     {"compute_peak", py_compute_peak, METH_VARARGS,
      "compute_peak(recipe, iters): runs a register-only GEMM-step loop (fp32_fma, int8_avx2, int16_avx2, "
      "int8_vnni) "

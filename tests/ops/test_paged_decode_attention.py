@@ -151,3 +151,36 @@ def test_errors_name_the_problem(impl):
         op(q, k, v, bad, lens, 0)
     with pytest.raises(errors, match="window"):
         op(q, k, v, tables, lens, -1)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("heads", [(4, 2), (8, 2), (16, 1), (6, 6)], ids=lambda h: f"{h[0]}q{h[1]}kv")
+@pytest.mark.parametrize("block_size", [16, 8])
+def test_group_kernel_matches_reference_and_is_row_invariant(kv_dtype, heads, block_size):
+    """The AVX-512 kernel for rows that share their keys (16 lanes of q heads; 16-key
+    tiles read in the pool where blocks hold whole tiles, else from a widened copy): the
+    reference's outputs, the per-row loops' within fp32 rounding, and a row's bits do not
+    depend on how many rows share its block of lanes (a chunk of 21 rows against its first
+    5 rows alone)."""
+    import compress.ops as ops
+    if "avx512_vnni" not in ops.cpu_isas_available():
+        pytest.skip("no AVX-512 VNNI on this CPU: the group kernel is not taken")
+    import compress._C as C
+    hq, hkv = heads
+    q1, k, v, table, _ = paged_case([70], hq, hkv, 64, kv_dtype=kv_dtype, block_size=block_size, spare_blocks=5,
+                                    seed=7)
+    lens = torch.arange(50, 71, dtype=torch.int32)          # positions 49..69 of one sequence as 21 rows
+    tables = table.repeat(len(lens), 1)
+    q = torch.randn(len(lens), hq, 64, generator=torch.Generator().manual_seed(11))
+    before = C.set_paged_group_kernel(True)
+    try:
+        got = torch.ops.compress.paged_decode_attention(q, k, v, tables, lens, 0)
+        first = torch.ops.compress.paged_decode_attention(q[:5], k, v, tables[:5], lens[:5], 0)
+        C.set_paged_group_kernel(False)
+        loops = torch.ops.compress.paged_decode_attention(q, k, v, tables, lens, 0)
+    finally:
+        C.set_paged_group_kernel(before)
+    want = reference.paged_decode_attention(q, k, v, tables, lens, 0)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, loops, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[:5], first)
