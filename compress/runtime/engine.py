@@ -61,6 +61,9 @@ class LLM:
     rows of ``max_seq_len``, at most half the memory; on CPU it is committed only as it
     is written). ``native_decode``: decode-only steps through the native one-call plan
     where the model allows it (``native_decode.py``); off, every step runs the modules.
+    ``max_prefill_tokens_with_decodes``: the prompt tokens a step that also decodes may
+    take; ``max_itl_ratio``: that cap sized from measured step times instead, so a step
+    with prompt chunks takes about that many times a decode-only step (``prefill_cap.py``).
     ``cuda_graphs``: on a GPU (``device="cuda"``), decode steps replay CUDA graphs captured
     at load, one per batch bucket (``cuda_graphs.py``); off, each step launches its kernels.
 
@@ -77,11 +80,13 @@ class LLM:
                  kv_cache_dtype=None, w4_activations: str = DEFAULT_W4_ACTIVATIONS, block_size: int = 16,
                  kv_cache_tokens: int | None = None, max_num_batched_tokens: int = 512,
                  enable_chunked_prefill: bool = True, enable_prefix_caching: bool = True, native_decode: bool = True,
-                 speculative=None, max_prefill_tokens_with_decodes: int | None = None, cuda_graphs: bool = True):
+                 speculative=None, max_prefill_tokens_with_decodes: int | None = None, cuda_graphs: bool = True,
+                 max_itl_ratio: float | None = None):
         engine_args = dict(block_size=block_size, kv_cache_tokens=kv_cache_tokens, cuda_graphs=cuda_graphs,
                            max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
                            enable_prefix_caching=enable_prefix_caching, native_decode=native_decode,
-                           speculative=speculative, max_prefill_tokens_with_decodes=max_prefill_tokens_with_decodes)
+                           speculative=speculative, max_prefill_tokens_with_decodes=max_prefill_tokens_with_decodes,
+                           max_itl_ratio=max_itl_ratio)
         ckpt = open_checkpoint(path)
         directory = Path(getattr(ckpt, "path", None) or path)
         self.checkpoint_path = directory
@@ -300,7 +305,7 @@ class LLM:
 
 ENGINE_ARGS = {"block_size", "kv_cache_tokens", "max_num_batched_tokens", "enable_chunked_prefill",
                "enable_prefix_caching", "native_decode",
-               "max_prefill_tokens_with_decodes", "cuda_graphs"}   # and speculative (taken apart before the engine)
+               "max_prefill_tokens_with_decodes", "cuda_graphs", "max_itl_ratio"}   # and speculative (taken apart before the engine)
 
 
 def _read_json(path: Path) -> dict:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 
+import time
+
 import torch
 
 from compress.dtypes import resolve_dtype
@@ -23,6 +25,7 @@ from compress.runtime.kv_cache import PagedKVCache, bytes_per_token, default_num
 from compress.runtime.model_runner import ModelRunner
 from compress.runtime.models.llama import LlamaFamilyModel
 from compress.runtime.sampling import BatchSampler, SamplingParams, token_logprobs_topk
+from compress.runtime.prefill_cap import PrefillCap
 from compress.runtime.scheduler import Scheduler
 from compress.runtime.sequence import RequestOutput, Sequence, TokenLogprob
 
@@ -46,14 +49,17 @@ class LLMEngine:
     capped at half the memory (``kv_cache.default_num_blocks``). ``native_decode``:
     run decode-only steps through the native plan where the model allows it.
     ``max_prefill_tokens_with_decodes``: the prompt tokens a step that also decodes may
-    take (``scheduler.py``). ``cuda_graphs``: on a GPU, decode steps replay CUDA graphs
+    take (``scheduler.py``); ``max_itl_ratio``: instead of a fixed cap, one sized from the
+    measured step times so that a step with prompt chunks takes about that many times a
+    decode-only step (``prefill_cap.py``; with chunked prefill only). ``cuda_graphs``: on a GPU, decode steps replay CUDA graphs
     captured at start (``cuda_graphs.py``); off, they launch every kernel."""
 
     def __init__(self, model: LlamaFamilyModel, tokenizer=None, eos_token_ids=(), bos_token_id: int | None = None,
                  *, kv_cache_dtype=None, block_size: int = 16, kv_cache_tokens: int | None = None,
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 512, enable_chunked_prefill: bool = True,
                  enable_prefix_caching: bool = True, native_decode: bool = True, speculative=None,
-                 max_prefill_tokens_with_decodes: int | None = None, cuda_graphs: bool = True):
+                 max_prefill_tokens_with_decodes: int | None = None, cuda_graphs: bool = True,
+                 max_itl_ratio: float | None = None):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.model = model
@@ -73,6 +79,15 @@ class LLMEngine:
         self.kv_cache = PagedKVCache(n_layers, num_blocks, model.n_kv_heads, block_size, model.head_dim,
                                      kv_dtype, model.device)
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
+        self.prefill_cap = None
+        if max_itl_ratio is not None:
+            if max_prefill_tokens_with_decodes is not None:
+                raise ValueError("give max_itl_ratio (a cap sized from step times) or max_prefill_tokens_with_decodes "
+                                 "(a fixed cap), not both")
+            if not enable_chunked_prefill:
+                raise ValueError("max_itl_ratio needs chunked prefill (enable_chunked_prefill=True)")
+            self.prefill_cap = PrefillCap(max_itl_ratio, max_num_batched_tokens)
+            max_prefill_tokens_with_decodes = self.prefill_cap.cap
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill,
                                    max_prefill_tokens_with_decodes)
         graphs = None
@@ -170,7 +185,13 @@ class LLMEngine:
             if spec_outputs is not None:
                 return outputs + spec_outputs
         greedy = all(s.params.greedy for s in batch.seqs)
+        t0 = time.perf_counter()
         out = self.runner.run(batch.seqs, batch.num_new_tokens, greedy=greedy)
+        if self.prefill_cap is not None:
+            prompt_tokens = sum(n for s, n in zip(out.seqs, out.num_new_tokens) if s.num_tokens - s.num_computed_tokens > 1)
+            decodes = sum(1 for s, n in zip(out.seqs, out.num_new_tokens) if s.num_tokens - s.num_computed_tokens == 1)
+            self.scheduler.max_prefill_tokens_with_decodes = self.prefill_cap.observe(
+                time.perf_counter() - t0, decodes, prompt_tokens)
         for seq, n in zip(out.seqs, out.num_new_tokens):
             if seq.num_tokens - seq.num_computed_tokens > 1 or not seq.output_ids:  # prompt (or recompute)
                 self.tokens_prefilled += n

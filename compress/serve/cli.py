@@ -20,7 +20,7 @@ RUNTIME_OPTIONS = {
     "w4_activations": "w4_activations", "enable_chunked_prefill": "enable_chunked_prefill",
     "enable_prefix_caching": "enable_prefix_caching",
     "max_prefill_tokens_with_decodes": "max_prefill_tokens_with_decodes",
-    "device": "device", "cuda_graphs": "cuda_graphs",
+    "device": "device", "cuda_graphs": "cuda_graphs", "max_itl_ratio": "max_itl_ratio",
 }
 
 
@@ -53,6 +53,10 @@ def add_serve_parser(sub) -> None:
                    help="prompt tokens a step that also decodes may take (default: no cap but "
                         "--max-num-batched-tokens): smaller keeps running requests' inter-token gaps short while a "
                         "long prompt comes in, at some prefill throughput")
+    r.add_argument("--max-itl-ratio", type=float, default=None,
+                   help="instead of a fixed --max-prefill-tokens-with-decodes, size that cap from the measured step "
+                        "times so that a step with prompt chunks takes about this many times a decode-only step "
+                        "(e.g. 1.3; runtime/prefill_cap.py)")
     r.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None)
     r.add_argument("--max-seq-len", type=int, default=None, help="context length (default: the model's)")
     r.add_argument("--device", default=None, choices=["cpu", "cuda"],

@@ -1,0 +1,70 @@
+"""The prompt-token cap sized from step times (runtime/prefill_cap.py) and the engine
+option that uses it (LLM(max_itl_ratio=...), compress serve --max-itl-ratio)."""
+import pytest
+
+from compress.runtime import LLM, SamplingParams
+from compress.runtime.prefill_cap import PrefillCap
+
+
+def test_cap_settles_where_a_mixed_step_takes_ratio_decode_steps():
+    """Decode steps of 20 ms, prompt tokens at 2 ms each: 1.5x a decode step leaves room
+    for 5 tokens; the cap moves halfway there each mixed step."""
+    cap = PrefillCap(1.5, limit=512, start=16)
+    assert cap.observe(0.020, decode_rows=6, prompt_tokens=0) == 16   # baseline only
+    caps = [cap.observe(0.020 + 0.002 * cap.cap, decode_rows=6, prompt_tokens=cap.cap) for _ in range(8)]
+    assert caps[:4] == [10, 7, 6, 5] and caps[-1] == 5
+    # the context grows: tokens cost 10 ms each now, one token already takes 1.5x
+    for _ in range(10):
+        cap.observe(0.020 + 0.010 * cap.cap, decode_rows=6, prompt_tokens=cap.cap)
+    assert cap.cap == 1
+    # cheap tokens again: it climbs back, never past the limit
+    for _ in range(30):
+        cap.observe(0.020 + 0.00001 * cap.cap, decode_rows=6, prompt_tokens=cap.cap)
+    assert cap.cap == 512
+
+
+def test_cap_ignores_steps_without_decodes_and_waits_for_a_baseline():
+    cap = PrefillCap(2.0, limit=64, start=8)
+    assert cap.observe(0.5, decode_rows=0, prompt_tokens=64) == 8    # a prefill-only step delays nobody
+    assert cap.observe(0.05, decode_rows=3, prompt_tokens=8) == 8    # mixed, but no decode baseline yet
+    cap.observe(0.02, decode_rows=3, prompt_tokens=0)
+    assert cap.decode_seconds == pytest.approx(0.02)
+    cap.observe(0.03, decode_rows=3, prompt_tokens=0)
+    assert cap.decode_seconds == pytest.approx(0.022)               # exponential average, weight 0.2
+
+
+@pytest.mark.parametrize("ratio", [1.0, 0.5, float("nan"), float("inf")])
+def test_bad_ratios_are_refused(ratio):
+    with pytest.raises(ValueError, match="max_itl_ratio"):
+        PrefillCap(ratio, limit=16)
+
+
+def test_engine_sizes_the_cap_and_keeps_every_request_s_tokens(llama_dir):
+    """Requests decoding while a long prompt arrives: the cap moves off its start, and the
+    greedy tokens are those of a run without any cap."""
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    prompts = [[3, 4, 5], [6, 7], list(range(10, 200))]
+    plain = LLM(llama_dir, max_batch_size=4, enable_prefix_caching=False)
+    capped = LLM(llama_dir, max_batch_size=4, enable_prefix_caching=False, max_itl_ratio=1.5)
+    eng = capped.engine
+    for i, p in enumerate(prompts[:2]):
+        eng.add_request(f"r{i}", p, params)
+    for _ in range(4):
+        eng.step()
+    eng.add_request("long", prompts[2], params)
+    outs = {}
+    while eng.has_unfinished():
+        for o in eng.step():
+            if o.finished:
+                outs[o.request_id] = o.token_ids
+    assert eng.prefill_cap.decode_seconds is not None
+    assert eng.scheduler.max_prefill_tokens_with_decodes == eng.prefill_cap.cap
+    want = plain.generate(prompts, params)
+    assert [outs["r0"], outs["r1"], outs["long"]] == [o.token_ids for o in want]
+
+
+def test_engine_refuses_both_caps(llama_dir):
+    with pytest.raises(ValueError, match="not both"):
+        LLM(llama_dir, max_itl_ratio=1.5, max_prefill_tokens_with_decodes=8)
+    with pytest.raises(ValueError, match="chunked prefill"):
+        LLM(llama_dir, max_itl_ratio=1.5, enable_chunked_prefill=False)
