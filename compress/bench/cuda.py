@@ -38,19 +38,13 @@ KERNELS = ("cublas_fp16", "w4a16", "w8a8", "torch_int4")
 
 
 def graphed(fn, inner: int):
-    """``inner`` calls of ``fn`` captured into one CUDA graph (after a warm-up call on a
+    """``inner`` calls of ``fn`` captured into one CUDA graph (after a warm-up run on a
     side stream); returns its replay. The calls' Python work (the weight rotation's
     ``next``) runs once, at capture, so each captured call keeps its own weight copy."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(inner):
-            fn()
-    return graph.replay
+    from compress.runtime.cuda_graphs import capture_cuda
+
+    replay, _ = capture_cuda(lambda: [fn() for _ in range(inner)], None)
+    return replay
 
 
 def time_fns(fns: dict, reps: int, inner: int, dev: str = "cuda", graphs: bool = False) -> dict[str, float]:

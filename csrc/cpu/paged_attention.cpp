@@ -361,6 +361,34 @@ inline void pv_runs(const float* pa, const float* pb, const Run* runs, int64_t n
   }
 }
 
+// Positions first .. first + S - 1 of row b's kv head hk from one pool (strides s0, s1,
+// s2: block, head, slot) as fp32 rows [ceil16(S)][D] in `buf` (the padding rows zero),
+// prefetching the next block as each one is read.
+template <typename TKV>
+const float* gather_rows_f32(const Paged& a, const TKV* pool, int64_t s0, int64_t s1, int64_t s2, int64_t b,
+                             int64_t hk, int64_t first, int64_t S, std::vector<float>& buf) {
+  const int32_t* table = a.tables + b * a.M;
+  const int64_t D = a.D, padded = (S + 15) / 16 * 16, end = first + S;
+  if (static_cast<int64_t>(buf.size()) < padded * D) buf.resize(padded * D);
+  float* dst = buf.data();
+  for (int64_t p = first; p < end;) {
+    const int64_t off = p % a.BS, n = std::min(a.BS - off, end - p);
+    const TKV* src = pool + table[p / a.BS] * s0 + hk * s1 + off * s2;
+    const int64_t pn = p + n;
+    const TKV* nsrc = pn < end ? pool + table[pn / a.BS] * s0 + hk * s1 : nullptr;
+    const int64_t nrows = nsrc ? std::min(a.BS, end - pn) : 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (i < nrows)
+        for (int64_t d = 0; d < D; d += 32) _mm_prefetch(reinterpret_cast<const char*>(nsrc + i * s2 + d), _MM_HINT_T0);
+      for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, load8_f32(src + i * s2 + d));
+      dst += D;
+    }
+    p = pn;
+  }
+  std::fill(buf.data() + S * D, buf.data() + padded * D, 0.f);
+  return buf.data();
+}
+
 // The runs of row b's kv head hk in one pool (keys: strides s0, s1, s2), positions
 // first .. first + S - 1. A float32 pool's runs point into it; a float16 / bfloat16
 // pool's rows are widened into `buf` (prefetching the next block as each one is read),
@@ -379,24 +407,7 @@ int64_t item_runs(const Paged& a, const TKV* pool, int64_t s0, int64_t s1, int64
     }
     return s2;
   } else {
-    buf.resize(S * D);
-    float* dst = buf.data();
-    for (int64_t p = first; p < first + S;) {
-      const int64_t off = p % a.BS, n = std::min(a.BS - off, first + S - p);
-      const TKV* src = pool + table[p / a.BS] * s0 + hk * s1 + off * s2;
-      const int64_t pn = p + n;
-      const TKV* nsrc = pn < first + S ? pool + table[pn / a.BS] * s0 + hk * s1 : nullptr;
-      const int64_t nrows = nsrc ? std::min(a.BS, first + S - pn) : 0;
-      for (int64_t i = 0; i < n; ++i) {
-        if (i < nrows)
-          for (int64_t d = 0; d < D; d += 32)
-            _mm_prefetch(reinterpret_cast<const char*>(nsrc + i * s2 + d), _MM_HINT_T0);
-        for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, load8_f32(src + i * s2 + d));
-        dst += D;
-      }
-      p = pn;
-    }
-    runs.push_back(Run{buf.data(), S});
+    runs.push_back(Run{gather_rows_f32(a, pool, s0, s1, s2, b, hk, first, S, buf), S});
     return D;
   }
 }
@@ -448,32 +459,6 @@ std::vector<std::pair<int64_t, int64_t>> shared_key_groups(const Paged& a) {
   return groups;
 }
 
-// Positions 0 .. S-1 of row b's kv head hk from one pool as fp32 rows [ceil16(S)][D] in
-// `buf` (the padding rows zero), prefetching the next block as each one is read.
-template <typename TKV>
-const float* gather_rows_f32(const Paged& a, const TKV* pool, int64_t s0, int64_t s1, int64_t s2, int64_t b,
-                             int64_t hk, int64_t S, std::vector<float>& buf) {
-  const int32_t* table = a.tables + b * a.M;
-  const int64_t D = a.D, padded = (S + 15) / 16 * 16;
-  if (static_cast<int64_t>(buf.size()) < padded * D) buf.resize(padded * D);
-  float* dst = buf.data();
-  for (int64_t p = 0; p < S;) {
-    const int64_t off = p % a.BS, n = std::min(a.BS - off, S - p);
-    const TKV* src = pool + table[p / a.BS] * s0 + hk * s1 + off * s2;
-    const int64_t pn = p + n;
-    const TKV* nsrc = pn < S ? pool + table[pn / a.BS] * s0 + hk * s1 : nullptr;
-    const int64_t nrows = nsrc ? std::min(a.BS, S - pn) : 0;
-    for (int64_t i = 0; i < n; ++i) {
-      if (i < nrows)
-        for (int64_t d = 0; d < D; d += 32) _mm_prefetch(reinterpret_cast<const char*>(nsrc + i * s2 + d), _MM_HINT_T0);
-      for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, load8_f32(src + i * s2 + d));
-      dst += D;
-    }
-    p = pn;
-  }
-  std::fill(buf.data() + S * D, buf.data() + padded * D, 0.f);
-  return buf.data();
-}
 
 template <typename T, typename TKV>
 void paged_avx2(const Paged& a, const T* q, const TKV* k, const TKV* v, T* out) {
@@ -509,8 +494,8 @@ void paged_avx2(const Paged& a, const T* q, const TKV* k, const TKV* v, T* out) 
           }
           kst = a.ks2, vst = a.vs2;
         } else {
-          const float* kf = gather_rows_f32(a, k, a.ks0, a.ks1, a.ks2, b0 + nrows - 1, hk, Smax, kbuf);
-          const float* vf = gather_rows_f32(a, v, a.vs0, a.vs1, a.vs2, b0 + nrows - 1, hk, Smax, vbuf);
+          const float* kf = gather_rows_f32(a, k, a.ks0, a.ks1, a.ks2, b0 + nrows - 1, hk, 0, Smax, kbuf);
+          const float* vf = gather_rows_f32(a, v, a.vs0, a.vs1, a.vs2, b0 + nrows - 1, hk, 0, Smax, vbuf);
           for (int64_t t = 0; t < tiles; ++t) ktiles[t] = kf + 16 * t * D, vtiles[t] = vf + 16 * t * D;
         }
         attend_group_avx512(a, q, out, b0, nrows, hk, ktiles.data(), kst, vtiles.data(), vst, Smax);
