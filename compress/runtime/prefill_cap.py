@@ -10,8 +10,10 @@ about ``ratio`` times a decode-only step:
 
 * decode-only steps give the baseline, an exponential average of their seconds;
 * each mixed step gives the marginal cost of its prompt tokens, (mixed - baseline) / n,
-  and the cap moves halfway (rounded towards it) to the whole tokens that cost at most
-  (ratio - 1) x baseline at that rate;
+  averaged the same way; the goal is the whole tokens that cost at most (ratio - 1) x
+  baseline at that rate; the cap moves halfway down to a lower goal, and up to a higher
+  one by half its value at the most (a step that ran fast by chance must not make the
+  next step a long one);
 * it starts at ``start`` tokens and stays within 1 .. ``limit``.
 
 Steps without decodes (nothing to delay) and steps of other shapes are ignored.
@@ -30,6 +32,7 @@ class PrefillCap:
         self.ratio, self.limit, self.smoothing = float(ratio), int(limit), float(smoothing)
         self.cap = max(1, min(int(start), self.limit))
         self.decode_seconds: float | None = None   # the baseline, once a decode-only step was seen
+        self.token_seconds: float | None = None    # a prompt token's cost in a mixed step (averaged)
 
     def observe(self, seconds: float, decode_rows: int, prompt_tokens: int) -> int:
         """One step's time with its decode rows and prompt tokens; returns the cap for the
@@ -43,8 +46,12 @@ class PrefillCap:
         base = self.decode_seconds
         if base is None:
             return self.cap
-        per_token = max(seconds - base, 1e-6 * base) / prompt_tokens
-        goal = max(1, min(self.limit, math.floor((self.ratio - 1.0) * base / per_token + 1e-9)))
-        half = 0.5 * (self.cap + goal)   # halfway, rounded towards the goal: it gets there
-        self.cap = math.floor(half) if goal < self.cap else math.ceil(half)
+        cost = max(seconds - base, 1e-3 * base) / prompt_tokens
+        c = self.token_seconds
+        self.token_seconds = cost if c is None else c + self.smoothing * (cost - c)
+        goal = max(1, min(self.limit, math.floor((self.ratio - 1.0) * base / self.token_seconds + 1e-9)))
+        if goal < self.cap:   # halfway down, rounded towards the goal: it gets there
+            self.cap = math.floor(0.5 * (self.cap + goal))
+        else:                 # up by half at the most: one fast step must not make the next a long one
+            self.cap = min(goal, max(self.cap + 1, math.floor(1.5 * self.cap)))
         return self.cap

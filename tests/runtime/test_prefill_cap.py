@@ -8,19 +8,29 @@ from compress.runtime.prefill_cap import PrefillCap
 
 def test_cap_settles_where_a_mixed_step_takes_ratio_decode_steps():
     """Decode steps of 20 ms, prompt tokens at 2 ms each: 1.5x a decode step leaves room
-    for 5 tokens; the cap moves halfway there each mixed step."""
+    for 5 tokens; the cap moves halfway down to it each mixed step."""
     cap = PrefillCap(1.5, limit=512, start=16)
     assert cap.observe(0.020, decode_rows=6, prompt_tokens=0) == 16   # baseline only
     caps = [cap.observe(0.020 + 0.002 * cap.cap, decode_rows=6, prompt_tokens=cap.cap) for _ in range(8)]
     assert caps[:4] == [10, 7, 6, 5] and caps[-1] == 5
     # the context grows: tokens cost 10 ms each now, one token already takes 1.5x
-    for _ in range(10):
+    for _ in range(20):
         cap.observe(0.020 + 0.010 * cap.cap, decode_rows=6, prompt_tokens=cap.cap)
     assert cap.cap == 1
-    # cheap tokens again: it climbs back, never past the limit
-    for _ in range(30):
-        cap.observe(0.020 + 0.00001 * cap.cap, decode_rows=6, prompt_tokens=cap.cap)
-    assert cap.cap == 512
+    # cheap tokens again: it climbs back by half at the most a step, never past the limit
+    climb = [1] + [cap.observe(0.020 + 0.00001 * cap.cap, decode_rows=6, prompt_tokens=cap.cap) for _ in range(60)]
+    assert all(a <= b <= max(a + 1, int(1.5 * a)) for a, b in zip(climb, climb[1:]))
+    assert climb[-1] == 512
+
+
+def test_one_fast_step_does_not_make_the_next_one_long():
+    """A mixed step that ran faster than the decode baseline (noise) leaves the cap at most
+    half again as large."""
+    cap = PrefillCap(1.5, limit=512, start=8)
+    cap.observe(0.020, decode_rows=6, prompt_tokens=0)
+    cap.observe(0.030, decode_rows=6, prompt_tokens=8)   # 1.25 ms a token: goal 8
+    assert cap.cap == 8
+    assert 8 <= cap.observe(0.015, decode_rows=6, prompt_tokens=8) <= 12
 
 
 def test_cap_ignores_steps_without_decodes_and_waits_for_a_baseline():
