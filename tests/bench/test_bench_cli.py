@@ -146,3 +146,14 @@ def test_model_bench_alternates_engines_and_writes_records(tmp_path, tiny_llama_
     assert any(line.startswith("# compress ") and "(kv f16) / transformers float32" in line for line in log)
     assert {(c["batch"], c["kv_cache"]) for c in result["comparison"]} == {(1, "f32"), (2, "f32"), (1, "f16"),
                                                                            (2, "f16")}
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is here: --device cuda would run")
+def test_model_bench_on_cuda_without_a_gpu_is_a_clear_error(tiny_llama_dir):
+    from compress.bench import model
+    from compress.errors import UserError
+    a = _parser().parse_args(["bench", "model", str(tiny_llama_dir), "--device", "cuda", "--engines", "compress",
+                              "--cuda-graphs", "on", "off"])
+    assert a.cuda_graphs == ["on", "off"]
+    with pytest.raises(UserError, match="--device cuda: torch sees no CUDA device"):
+        model.run(a, log=lambda line: None)
