@@ -129,104 +129,7 @@ void paged_generic(const Paged& a, const T* q, const TKV* k, const TKV* v, T* ou
   });
 }
 
-// ---- rows sharing their keys: AVX-512 ---------------------------------------------------
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")
-
-// The q heads of up to 16 / group rows sit in the 16 lanes of a zmm (lane = row * group +
-// head), so each key row read serves all of them: scores of 16 keys at a time (one
-// broadcast key element against the lanes' q element per k, 16 accumulators), softmax down
-// each lane, then out[lane][d0 .. d0 + 15] as 16 accumulators (one broadcast V element per
-// d against the lanes' probabilities). Row r of the group sees its first S_r = Smax - (R - 1
-// - r) keys (causal over the chunk). `kt[t]`, `vt[t]`: where keys / values 16t .. 16t + 15
-// start (fp32 rows `ks` / `vs` apart: in the pool, or a widened copy); a last partial
-// tile's rows past Smax are read but not used.
-// Each lane's sums run in a fixed order (scores over d, softmax and p.V over keys), so a
-// row's result does not depend on which rows share its block.
-template <typename T>
-void attend_group_avx512(const Paged& a, const T* q, T* out, int64_t b0, int64_t R, int64_t hk,
-                         const float* const* kt, int64_t ks, const float* const* vt, int64_t vs, int64_t Smax) {
-  const int64_t D = a.D, group = a.group, rows_per_block = std::max<int64_t>(1, 16 / group);
-  thread_local std::vector<float> qt, st, ot;
-  qt.resize(D * 16), ot.resize(D * 16);
-  for (int64_t r0 = 0; r0 < R; r0 += rows_per_block) {
-    const int64_t nr = std::min(rows_per_block, R - r0);
-    const int64_t S_blk = Smax - (R - (r0 + nr));   // what the block's last row sees
-    std::fill(qt.begin(), qt.end(), 0.f);
-    for (int64_t i = 0; i < nr; ++i)
-      for (int64_t g = 0; g < group; ++g) {
-        const T* qrow = q + ((b0 + r0 + i) * a.Hq + hk * group + g) * D;
-        for (int64_t d = 0; d < D; ++d) qt[d * 16 + i * group + g] = to_f32(qrow[d]) * a.scale;
-      }
-    const int64_t S16 = (S_blk + 15) / 16 * 16;
-    if (static_cast<int64_t>(st.size()) < S16 * 16) st.resize(S16 * 16);
-    float* sc = st.data();   // [key][16 lanes]
-    const int64_t tiles = S16 / 16, lines_per_row = D / 16;   // D % 16 == 0: 64-byte lines
-    for (int64_t i = 0; i < 16 * lines_per_row; ++i)   // the first tile; each tile then fetches the next
-      _mm_prefetch(reinterpret_cast<const char*>(kt[0] + (i / lines_per_row) * ks + (i % lines_per_row) * 16),
-                   _MM_HINT_T0);
-    for (int64_t s0 = 0; s0 < S16; s0 += 16) {
-      __m512 acc[16];
-      for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
-      const float* kb = kt[s0 / 16];
-      const float* next = s0 / 16 + 1 < tiles ? kt[s0 / 16 + 1] : nullptr;   // its 16 x D / 16 lines, over d
-      for (int64_t d = 0; d < D; ++d) {
-        if (next != nullptr && (d & 3) == 0)
-          for (int64_t i = d / 4 * (16 * lines_per_row) / (D / 4); i < (d / 4 + 1) * (16 * lines_per_row) / (D / 4); ++i)
-            _mm_prefetch(reinterpret_cast<const char*>(next + (i / lines_per_row) * ks + (i % lines_per_row) * 16),
-                         _MM_HINT_T0);
-        const __m512 qv = _mm512_loadu_ps(qt.data() + d * 16);
-        for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(qv, _mm512_set1_ps(kb[j * ks + d]), acc[j]);
-      }
-      for (int j = 0; j < 16; ++j) _mm512_storeu_ps(sc + (s0 + j) * 16, acc[j]);
-    }
-    // causal within the chunk: lane of row i sees keys < S_blk - (nr - 1 - i)
-    const float neg_inf = -std::numeric_limits<float>::infinity();
-    for (int64_t s = std::max<int64_t>(0, S_blk - nr + 1); s < S_blk; ++s)
-      for (int64_t i = 0; i < nr; ++i)
-        if (s >= S_blk - (nr - 1 - i))
-          for (int64_t g = 0; g < group; ++g) sc[s * 16 + i * group + g] = neg_inf;
-    // softmax down each lane (two ymm halves: exp_nonpositive is the AVX2 one)
-    __m512 mx = _mm512_set1_ps(neg_inf);
-    for (int64_t s = 0; s < S_blk; ++s) mx = _mm512_max_ps(mx, _mm512_loadu_ps(sc + s * 16));
-    const __m256 mlo = _mm512_castps512_ps256(mx);
-    const __m256 mhi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(mx), 1));
-    __m256 sum_lo = _mm256_setzero_ps(), sum_hi = sum_lo;
-    for (int64_t s = 0; s < S_blk; ++s) {
-      const __m256 elo = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(sc + s * 16), mlo));
-      const __m256 ehi = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(sc + s * 16 + 8), mhi));
-      _mm256_storeu_ps(sc + s * 16, elo), _mm256_storeu_ps(sc + s * 16 + 8, ehi);
-      sum_lo = _mm256_add_ps(sum_lo, elo), sum_hi = _mm256_add_ps(sum_hi, ehi);
-    }
-    float inv_l[16];
-    {
-      float lo[8], hi[8];
-      _mm256_storeu_ps(lo, sum_lo), _mm256_storeu_ps(hi, sum_hi);
-      for (int j = 0; j < 8; ++j) inv_l[j] = 1.f / lo[j], inv_l[8 + j] = 1.f / hi[j];
-    }
-    const __m512 invv = _mm512_loadu_ps(inv_l);
-    for (int64_t d0 = 0; d0 < D; d0 += 16) {
-      __m512 acc[16];
-      for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
-      for (int64_t s = 0; s < S_blk; ++s) {
-        if (d0 == 0 && s + 16 < S_blk)   // the first pass streams V: its whole row 16 ahead
-          for (int64_t i = 0; i < lines_per_row; ++i)
-            _mm_prefetch(reinterpret_cast<const char*>(vt[(s + 16) / 16] + ((s + 16) % 16) * vs + i * 16), _MM_HINT_T0);
-        const __m512 pv = _mm512_loadu_ps(sc + s * 16);
-        const float* vrow = vt[s / 16] + (s % 16) * vs + d0;
-        for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(pv, _mm512_set1_ps(vrow[j]), acc[j]);
-      }
-      for (int j = 0; j < 16; ++j) _mm512_storeu_ps(ot.data() + (d0 + j) * 16, _mm512_mul_ps(acc[j], invv));
-    }
-    for (int64_t i = 0; i < nr; ++i)
-      for (int64_t g = 0; g < group; ++g) {
-        T* orow = out + ((b0 + r0 + i) * a.Hq + hk * group + g) * D;
-        const int64_t lane = i * group + g;
-        for (int64_t d = 0; d < D; ++d) orow[d] = static_cast<T>(ot[d * 16 + lane]);
-      }
-  }
-}
-#pragma GCC pop_options
+#include "cpu/paged_group_attention.inc"
 
 // ---- vector path: AVX2 + FMA, D % 8 == 0 -----------------------------------------------
 #pragma GCC push_options
@@ -389,6 +292,33 @@ const float* gather_rows_f32(const Paged& a, const TKV* pool, int64_t s0, int64_
   return buf.data();
 }
 
+// Rows b0 .. b0 + R - 1 sharing their keys (positions 0 .. Smax - 1), kv head hk, through
+// the AVX-512 group kernel: its 16-key tiles in a float32 pool whose blocks hold whole
+// tiles, else in a widened copy (`kbuf`, `vbuf`).
+template <typename T, typename TKV>
+void attend_group(const Paged& a, const T* q, const TKV* k, const TKV* v, T* out, int64_t b0, int64_t R, int64_t hk,
+                  int64_t Smax, std::vector<const float*>& kt, std::vector<const float*>& vt, std::vector<float>& kbuf,
+                  std::vector<float>& vbuf) {
+  const int64_t tiles = (Smax + 15) / 16, last = b0 + R - 1;
+  kt.resize(tiles), vt.resize(tiles);
+  if constexpr (std::is_same_v<TKV, float>) {
+    if (a.BS % 16 == 0) {
+      const int32_t* table = a.tables + last * a.M;
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t block = table[16 * t / a.BS], off = 16 * t % a.BS;
+        kt[t] = k + block * a.ks0 + hk * a.ks1 + off * a.ks2;
+        vt[t] = v + block * a.vs0 + hk * a.vs1 + off * a.vs2;
+      }
+      attend_group_avx512(a, q, out, b0, R, hk, kt.data(), a.ks2, vt.data(), a.vs2, Smax);
+      return;
+    }
+  }
+  const float* kf = gather_rows_f32(a, k, a.ks0, a.ks1, a.ks2, last, hk, 0, Smax, kbuf);
+  const float* vf = gather_rows_f32(a, v, a.vs0, a.vs1, a.vs2, last, hk, 0, Smax, vbuf);
+  for (int64_t t = 0; t < tiles; ++t) kt[t] = kf + 16 * t * a.D, vt[t] = vf + 16 * t * a.D;
+  attend_group_avx512(a, q, out, b0, R, hk, kt.data(), a.D, vt.data(), a.D, Smax);
+}
+
 // The runs of row b's kv head hk in one pool (keys: strides s0, s1, s2), positions
 // first .. first + S - 1. A float32 pool's runs point into it; a float16 / bfloat16
 // pool's rows are widened into `buf` (prefetching the next block as each one is read),
@@ -464,8 +394,9 @@ template <typename T, typename TKV>
 void paged_avx2(const Paged& a, const T* q, const TKV* k, const TKV* v, T* out) {
   const int64_t D = a.D, group = a.group;
   constexpr bool kInPlace = std::is_same_v<TKV, float>;  // else widened copies, already in cache
-  // Work items: (group of rows sharing their keys, kv head). A group's K and V rows are
-  // read (and widened) once for the longest row; each row then attends to its prefix.
+  // Work items: (group of rows sharing their keys, kv head). A group takes the AVX-512
+  // group kernel where it can; otherwise its K and V rows are read (and widened) once for
+  // the longest row and each row attends to its prefix.
   const std::vector<std::pair<int64_t, int64_t>> groups = shared_key_groups(a);
   const bool group_kernel = active_isa() == Isa::Avx512Vnni && D % 16 == 0 && group <= 16 && group_attention_on();
   parallel_grabs(static_cast<int64_t>(groups.size()) * a.Hkv, 1, [&](const auto& take) {
@@ -480,25 +411,7 @@ void paged_avx2(const Paged& a, const T* q, const TKV* k, const TKV* v, T* out) 
       int64_t first, Smax;
       a.span(b0 + nrows - 1, &first, &Smax);   // the group's union: the last row's span
       if (nrows > 1 && group_kernel) {  // first == 0 here: groups of more than one row have no window
-        const int64_t tiles = (Smax + 15) / 16;
-        ktiles.resize(tiles), vtiles.resize(tiles);
-        int64_t kst = D, vst = D;
-        if (std::is_same_v<TKV, float> && a.BS % 16 == 0) {   // 16 keys never straddle a block: read in place
-          const int32_t* table = a.tables + (b0 + nrows - 1) * a.M;
-          const float* kp = reinterpret_cast<const float*>(k);
-          const float* vp = reinterpret_cast<const float*>(v);
-          for (int64_t t = 0; t < tiles; ++t) {
-            const int64_t block = table[16 * t / a.BS], off = 16 * t % a.BS;
-            ktiles[t] = kp + block * a.ks0 + hk * a.ks1 + off * a.ks2;
-            vtiles[t] = vp + block * a.vs0 + hk * a.vs1 + off * a.vs2;
-          }
-          kst = a.ks2, vst = a.vs2;
-        } else {
-          const float* kf = gather_rows_f32(a, k, a.ks0, a.ks1, a.ks2, b0 + nrows - 1, hk, 0, Smax, kbuf);
-          const float* vf = gather_rows_f32(a, v, a.vs0, a.vs1, a.vs2, b0 + nrows - 1, hk, 0, Smax, vbuf);
-          for (int64_t t = 0; t < tiles; ++t) ktiles[t] = kf + 16 * t * D, vtiles[t] = vf + 16 * t * D;
-        }
-        attend_group_avx512(a, q, out, b0, nrows, hk, ktiles.data(), kst, vtiles.data(), vst, Smax);
+        attend_group(a, q, k, v, out, b0, nrows, hk, Smax, ktiles, vtiles, kbuf, vbuf);
         continue;
       }
       const int64_t ks = item_runs(a, k, a.ks0, a.ks1, a.ks2, b0 + nrows - 1, hk, first, Smax, kruns, kbuf);
