@@ -20,7 +20,6 @@ from typing import Iterator, Sequence as Seq
 import torch
 
 from compress.errors import UserError
-
 from compress.ops import BACKENDS
 from compress.runtime import scoring
 from compress.runtime.layers import Int4Linear

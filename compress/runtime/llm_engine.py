@@ -14,7 +14,6 @@ calls ``add_request`` / ``abort`` / ``step``.
 from __future__ import annotations
 
 import logging
-
 import time
 
 import torch
@@ -187,18 +186,20 @@ class LLMEngine:
         greedy = all(s.params.greedy for s in batch.seqs)
         t0 = time.perf_counter()
         out = self.runner.run(batch.seqs, batch.num_new_tokens, greedy=greedy)
-        if self.prefill_cap is not None:
-            prompt_tokens = sum(n for s, n in zip(out.seqs, out.num_new_tokens) if s.num_tokens - s.num_computed_tokens > 1)
-            decodes = sum(1 for s, n in zip(out.seqs, out.num_new_tokens) if s.num_tokens - s.num_computed_tokens == 1)
-            self.scheduler.max_prefill_tokens_with_decodes = self.prefill_cap.observe(
-                time.perf_counter() - t0, decodes, prompt_tokens)
+        seconds = time.perf_counter() - t0
+        prompt_tokens = decode_rows = 0
         for seq, n in zip(out.seqs, out.num_new_tokens):
             if seq.num_tokens - seq.num_computed_tokens > 1 or not seq.output_ids:  # prompt (or recompute)
-                self.tokens_prefilled += n
+                prompt_tokens += n
             else:
-                self.tokens_decoded += n
+                decode_rows += 1
             seq.num_computed_tokens += n
             self.block_manager.register_full_blocks(seq)
+        self.tokens_prefilled += prompt_tokens
+        self.tokens_decoded += decode_rows
+        if self.prefill_cap is not None:
+            self.scheduler.max_prefill_tokens_with_decodes = self.prefill_cap.observe(seconds, decode_rows,
+                                                                                      prompt_tokens)
         if not out.sampled:
             return outputs
         rows = [out.seqs[r] for r in out.sampled]
