@@ -113,6 +113,14 @@ def _cmd_serve(args) -> int:
     for name in ("port", "max_queue", "max_num_seqs"):
         if getattr(args, name) < 0 or (name == "max_num_seqs" and args.max_num_seqs < 1):
             raise UserError(f"--{name.replace('_', '-')} must be {'>= 1' if name == 'max_num_seqs' else '>= 0'}")
+    if args.max_prefill_tokens_with_decodes is not None and args.max_prefill_tokens_with_decodes < 1:
+        raise UserError("--max-prefill-tokens-with-decodes must be >= 1")
+    if args.max_itl_ratio is not None:
+        if not 1.0 < args.max_itl_ratio < float("inf"):
+            raise UserError(f"--max-itl-ratio must be a number > 1 (a step with prompt chunks over a decode step), "
+                            f"got {args.max_itl_ratio}")
+        if args.max_prefill_tokens_with_decodes is not None:
+            raise UserError("--max-itl-ratio sizes the cap that --max-prefill-tokens-with-decodes fixes: give one")
     if not Path(args.path).is_dir():
         raise FileNotFoundError(f"checkpoint directory not found: {args.path}")
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),

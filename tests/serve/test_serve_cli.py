@@ -35,6 +35,10 @@ def test_bad_options_are_one_line_errors(tmp_path):
 
     assert main(["serve", str(tmp_path / "missing")]) == 2
     assert main(["serve", "--max-queue", "-1"]) == 2
+    assert main(["serve", "--max-prefill-tokens-with-decodes", "0"]) == 2
+    for ratio in ("1", "0.5", "nan", "inf"):
+        assert main(["serve", "--max-itl-ratio", ratio]) == 2
+    assert main(["serve", "--max-itl-ratio", "1.5", "--max-prefill-tokens-with-decodes", "8"]) == 2
 
 
 def test_bad_draft_is_a_one_line_error(tmp_path, capsys):
