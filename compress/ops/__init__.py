@@ -147,6 +147,14 @@ def set_w4a8_panel_min_rows(rows: int) -> int:
     return _cpu_module().set_w4a8_panel_min_rows(int(rows))
 
 
+def set_w4a8_shared_unpack(on: bool) -> bool:
+    """Whether the int8-activation int4 ops' few-row tiles (below the panel GEMM's rows,
+    avx512_vnni level) unpack each weight chunk once for up to eight activation rows
+    (default True) or once per row, the form they replaced; returns the previous setting.
+    Both give the same bytes (a lab switch for in-process timings)."""
+    return bool(_cpu_module().set_w4a8_shared_unpack(bool(on)))
+
+
 def w4a8_panel_min_rows() -> int:
     """The current row threshold of the W4A8 panel GEMM (see set_w4a8_panel_min_rows)."""
     return _cpu_module().w4a8_panel_min_rows()

@@ -35,12 +35,19 @@ static PyObject* py_set_cpu_isa(PyObject*, PyObject* arg) {
 
 namespace compress_cpu {
 bool set_paged_group_kernel(bool on);   // paged_attention.cpp
+bool set_w4a8_shared_unpack(bool on);   // w4a8_gemm.cpp
 }
 
 static PyObject* py_set_paged_group_kernel(PyObject*, PyObject* arg) {
   const int on = PyObject_IsTrue(arg);
   if (on < 0) return nullptr;
   return PyBool_FromLong(compress_cpu::set_paged_group_kernel(on != 0));
+}
+
+static PyObject* py_set_w4a8_shared_unpack(PyObject*, PyObject* arg) {
+  const int on = PyObject_IsTrue(arg);
+  if (on < 0) return nullptr;
+  return PyBool_FromLong(compress_cpu::set_w4a8_shared_unpack(on != 0));
 }
 
 // The kernels' row thresholds: a setter that checks rows >= 1 and returns the previous
@@ -130,6 +137,10 @@ static PyMethodDef compress_c_methods[] = {
     {"set_paged_group_kernel", py_set_paged_group_kernel, METH_O,
      "Whether paged attention runs rows that share their keys (a prompt chunk as one-token rows) through "
      "its AVX-512 group kernel where the CPU has it (default True); returns the previous setting."},
+    {"set_w4a8_shared_unpack", py_set_w4a8_shared_unpack, METH_O,
+     "Whether the int8-activation int4 GEMM's few-row tiles (below the panel GEMM's rows, AVX-512 VNNI) unpack "
+     "each weight chunk once for up to eight activation rows (default True) instead of once per row; returns "
+     "the previous setting."},
     {"compute_peak", py_compute_peak, METH_VARARGS,
      "compute_peak(recipe, iters): runs a register-only GEMM-step loop (fp32_fma, int8_avx2, int16_avx2, "
      "int8_vnni) "

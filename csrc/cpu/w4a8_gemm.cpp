@@ -35,6 +35,9 @@ namespace {
 
 using namespace w4;
 
+std::atomic<bool> w4_shared_unpack{true};
+inline bool w4_shared_unpack_on() { return w4_shared_unpack.load(std::memory_order_relaxed); }
+
 void quantize_activations(const at::Tensor& x, int64_t G, int64_t KC, int8_t* xq, float* xs, float* xg) {
   const int64_t M = x.size(0), K = x.size(1), NG = K / G;
   const bool avx2 = active_isa() >= Isa::Avx2;
@@ -186,6 +189,8 @@ at::Tensor w4a8_run(const at::Tensor& x_in, const at::Tensor& qweight_in,
 }
 
 }  // namespace
+
+bool set_w4a8_shared_unpack(bool on) { return w4_shared_unpack.exchange(on); }
 
 int64_t w4::set_panel_min_rows(int64_t rows) { return w4_panel_rows.exchange(rows); }
 int64_t w4::panel_min_rows() { return w4_panel_rows.load(std::memory_order_relaxed); }

@@ -68,6 +68,7 @@ def lib():
     cdll = ctypes.CDLL(str(_build()))
     i64, vp, ci = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     cdll.cpk_emu_w4a16.argtypes = [ci, vp, i64, i64, vp, i64, i64, i64, vp, vp, i64, vp]
+    cdll.cpk_emu_set_w4_shared_unpack.argtypes = [ci]
     cdll.cpk_emu_w8a8.argtypes = [ci, vp, i64, i64, vp, i64, i64, vp, ci, vp, i64, vp, ci, i64, vp]
     cdll.cpk_emu_half_to_float.argtypes = [ctypes.c_uint16]
     cdll.cpk_emu_half_to_float.restype = ctypes.c_float
@@ -157,6 +158,23 @@ def test_w4a16_vnni_tiles_match_avx2(lib, shape, tiled):
     vnni = _emu_w4(lib, VNNI, x, qw, scale, zeros8, group, tiled)
     assert torch.equal(vnni, avx2), f"max |diff| {(vnni - avx2).abs().max()}"
     assert sqnr_db(reference.w4a16_gemm(x, qweight, scales, zeros, group), vnni) > 35
+
+
+@pytest.mark.parametrize("shape", W4_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_w4a16_vnni_shared_unpack_matches_per_row_unpack(lib, shape):
+    """The few-row tiles that unpack a weight chunk once for up to eight rows give the
+    per-row tiles' outputs bit for bit (the same integer dots, folds and FMAs per row)."""
+    m, n, k, group = shape
+    x, qweight, scales, zeros = _w4_case(m, n, k, group, seed=3)
+    qw, scale, zeros8 = reference.w4a16_prepare_cpu(qweight, scales, zeros)
+    before = lib.cpk_emu_set_w4_shared_unpack(0)
+    try:
+        per_row = _emu_w4(lib, VNNI, x, qw, scale, zeros8, group, True)
+        lib.cpk_emu_set_w4_shared_unpack(1)
+        shared = _emu_w4(lib, VNNI, x, qw, scale, zeros8, group, True)
+    finally:
+        lib.cpk_emu_set_w4_shared_unpack(before)
+    assert torch.equal(shared, per_row), f"max |diff| {(shared - per_row).abs().max()}"
 
 
 def test_w4a16_vnni_tiles_small_blocks(lib):

@@ -135,6 +135,31 @@ def test_w4a8_vnni_tiles_equal_avx2_bit_for_bit(shape):
         assert torch.equal(vnni, avx2)
 
 
+@pytest.mark.skipif(not ops.native_available("cpu") or "avx512_vnni" not in ops.cpu_isas_available(),
+                    reason="no AVX-512 VNNI on this CPU")
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 11, 13])
+@pytest.mark.parametrize("group", [32, 128])
+def test_w4a8_shared_unpack_tiles_equal_per_row_tiles(m, group):
+    """The few-row tiles that unpack a weight chunk once for up to eight activation rows
+    give the bytes of the tiles that unpack it per row (odd row counts take the 7..1-row
+    remainders; 13 rows one tile of eight and one of five)."""
+    qweight, scales, zeros = make_int4(70, 512, group)
+    prepared = reference.w4a16_prepare_cpu(qweight, scales, zeros)
+    x = torch.randn(m, 512)
+    panel_rows = ops.set_w4a8_panel_min_rows(1 << 62)
+    before = ops.set_w4a8_shared_unpack(False)
+    try:
+        with ops.force_cpu_isa("avx512_vnni"):
+            per_row = torch.ops.compress.w4a8_gemm_prepared(x, *prepared, group)
+            assert ops.set_w4a8_shared_unpack(True) is False
+            shared = torch.ops.compress.w4a8_gemm_prepared(x, *prepared, group)
+    finally:
+        ops.set_w4a8_shared_unpack(before)
+        ops.set_w4a8_panel_min_rows(panel_rows)
+    assert torch.equal(shared, per_row)
+    assert sqnr_db(reference.w4a8_gemm(x, qweight, scales, zeros, group), shared) > 60
+
+
 @pytest.mark.parametrize("m,n,k,group", [(9, 37, 320, 64), (1, 13, 96, 32), (4, 8, 1024, 128)])
 @pytest.mark.parametrize("op", W4_OPS)
 def test_w4_isas_agree(m, n, k, group, op):

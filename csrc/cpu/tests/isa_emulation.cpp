@@ -24,6 +24,9 @@
 namespace compress_cpu {
 namespace emu {
 using namespace w4;
+// The op's switch between the few-row tiles (w4a8_gemm.cpp): set by cpk_emu_set_w4_shared_unpack.
+bool shared_unpack = true;
+inline bool w4_shared_unpack_on() { return shared_unpack; }
 namespace avx2 {
 #define W4_VNNI 0
 #include "cpu/w4a16_tile.inc"
@@ -56,6 +59,14 @@ void for_blocks(int64_t M, int64_t N, int64_t nb, const F& fn) {
 }  // namespace
 
 extern "C" {
+
+// The VNNI level's few-row tiles: 1 unpacks a weight chunk once for up to eight rows (the
+// op's default), 0 once per row. Returns the previous setting.
+int cpk_emu_set_w4_shared_unpack(int on) {
+  const bool before = emu::shared_unpack;
+  emu::shared_unpack = on != 0;
+  return before ? 1 : 0;
+}
 
 // Prepared W4A8 (w4a8_gemm_prepared's tensors): x fp32 [M, K], w the row-tiled bytes
 // ([N, K/2]; rows [0, N4) tiled), s fp32 / z uint8 [N, K/G], y fp32 [M, N]. isa: 0
