@@ -174,6 +174,60 @@ def w4a8_gemm_prepared(x: torch.Tensor, qweight_tiled: torch.Tensor, scale: torc
     return w4a8_gemm(x, w4a16_untile_cpu(qweight_tiled), scale, zeros, group_size)
 
 
+# The weight-row-lane layout of w4a8_gemm_lanes (csrc/cpu/w4a8_lanes.cpp), the form the
+# runtime prepares an int8-activation int4 linear in on CPUs with AVX-512 VNNI: per tile
+# of 16 rows, per chunk of 64 k (8 words a row), per word j, the 16 rows' words j side by
+# side, so one 64-byte load holds a word of every row of the tile (rows past N are zero).
+# The group metadata is transposed, [K / group_size, N]: a tile's 16 scales of a group
+# are adjacent; sz = scale * zero point (rounded to fp32, as the other forms compute it).
+W4_LANE_ROWS = 16
+
+
+def w4a8_lanes_supported(k: int, group_size: int) -> bool:
+    """Whether :func:`w4a8_prepare_lanes` takes a linear: K a multiple of 64 and an
+    int8-activation group size (:func:`w4a8_group_supported`)."""
+    return k % 64 == 0 and w4a8_group_supported(group_size) and k % group_size == 0
+
+
+def w4a8_prepare_lanes(qweight: torch.Tensor, scales: torch.Tensor,
+                       zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Canonical int32 ``[N, K/8]``, scales / zeros ``[N, K/G]`` -> the lanes form: int32
+    ``[ceil(N/16), 2K]`` (tile, chunk, word, row), fp32 scale ``[K/G, N]`` and sz ``[K/G, N]``."""
+    n, words = qweight.shape
+    if (words * 8) % 64:
+        raise ValueError(f"the lanes layout needs K divisible by 64, got K={words * 8}")
+    tiles = -(-n // W4_LANE_ROWS)
+    q = torch.zeros(tiles * W4_LANE_ROWS, words, dtype=torch.int32, device=qweight.device)
+    q[:n] = qweight
+    q = q.reshape(tiles, W4_LANE_ROWS, words // 8, 8).permute(0, 2, 3, 1).reshape(tiles, words * W4_LANE_ROWS)
+    s = scales.to(torch.float32)
+    sz = s * zeros.to(torch.float32)
+    return q.contiguous(), s.t().contiguous(), sz.t().contiguous()
+
+
+def w4a8_unprepare_lanes(q_lanes: torch.Tensor, n: int) -> torch.Tensor:
+    """Inverse of :func:`w4a8_prepare_lanes`'s qweight: back to the canonical ``[n, K/8]``."""
+    tiles, width = q_lanes.shape
+    words = width // W4_LANE_ROWS
+    q = q_lanes.reshape(tiles, words // 8, 8, W4_LANE_ROWS).permute(0, 3, 1, 2).reshape(tiles * W4_LANE_ROWS, words)
+    return q[:n].contiguous()
+
+
+def w4a8_gemm_lanes(x: torch.Tensor, q_lanes: torch.Tensor, scale: torch.Tensor, sz: torch.Tensor,
+                    group_size: int) -> torch.Tensor:
+    """:func:`w4a8_gemm` on :func:`w4a8_prepare_lanes`'s tensors: weights ``u * scale - sz``,
+    activations quantized per block of 32."""
+    n = scale.shape[1]
+    u = unpack_int4(w4a8_unprepare_lanes(q_lanes, n)).to(torch.float32)
+    k = u.shape[1]
+    g = u.reshape(n, k // group_size, group_size)
+    w = (g * scale.t().unsqueeze(-1) - sz.t().unsqueeze(-1)).reshape(n, k)
+    q, xs = quantize_blocks_int8(x)
+    m = q.shape[0]
+    xq = (q.to(torch.float32).reshape(m, -1, W4A8_BLOCK) * xs.unsqueeze(-1)).reshape(m, k)
+    return (xq @ w.t()).to(x.dtype)
+
+
 def quantize_per_token_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-row int8: ``x ≈ q * scale[:, None]``; returns (int8 [M,K], fp32 [M])."""
     xf = x.to(torch.float32)
@@ -415,8 +469,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 # the forms of a linear the native decode step (compress._C.DecodePlan, csrc/cpu/decode_layer.cpp)
 # takes, as the runtime's layers name them in decode_spec(), and how many tensors each brings
 # (llm_int8_guarded_prepared: the fifth is the spike guard's threshold, a 0-dim fp32 tensor)
-DECODE_LAYER_TENSORS = {"w4a16_prepared": 3, "w4a8_prepared": 3, "w8a8_prepared": 2, "llm_int8_prepared": 4,
-                        "llm_int8_guarded_prepared": 5, "dense": 1}
+DECODE_LAYER_TENSORS = {"w4a16_prepared": 3, "w4a8_prepared": 3, "w4a8_lanes": 3, "w8a8_prepared": 2,
+                        "llm_int8_prepared": 4, "llm_int8_guarded_prepared": 5, "dense": 1}
 
 
 def stream_read_sum(buf: torch.Tensor) -> torch.Tensor:

@@ -11,12 +11,25 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from compress.ops import get_op, native_available
+from compress.ops import cpu_isa, get_op, native_available, w4a16_amx_available
 from compress.runtime.int4_padding import pad_activations, pad_int4_in_features
 from compress.runtime.outlier_columns import checked_outlier_idx
 from compress.w4_activations import DEFAULT_W4_ACTIVATIONS
-from compress.ops.reference import (w4a16_prepare_cpu_scales, w4a16_tile_cpu, w4a16_untile_cpu,
+from compress.ops.reference import (w4a8_lanes_supported, w4a8_prepare_lanes, w4a8_unprepare_lanes,
+                                    w4a16_prepare_cpu_scales, w4a16_tile_cpu, w4a16_untile_cpu,
                                     w8a8_outlier_gemm_guarded, w8a8_tile_cpu, w8a8_untile_cpu)
+
+# Whether int8-activation int4 layers take the weight-row-lane layout (w4a8_gemm_lanes,
+# csrc/cpu/w4a8_lanes.cpp) on CPUs with AVX-512 VNNI and no usable AMX-BF16 (AMX keeps the
+# row-tiled layout its many-row tiles read). Read at prepare(); False for timings of the
+# row-tiled kernels.
+W4A8_LANES = True
+
+
+def w4a8_lanes_wanted() -> bool:
+    """Whether this CPU runs int8-activation int4 layers on the lanes layout."""
+    return (W4A8_LANES and native_available("cpu") and cpu_isa() == "avx512_vnni"
+            and not w4a16_amx_available())
 
 class DenseLinear(nn.Module):
     scheme = "dense"
@@ -115,6 +128,8 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
     activations = DEFAULT_W4_ACTIVATIONS
     _tile, _untile = staticmethod(w4a16_tile_cpu), staticmethod(w4a16_untile_cpu)
 
+    lanes_scales = None  # (scale, sz) [K/G, N] while qweight is in the lanes layout (w4a8_prepare_lanes)
+
     def __init__(self, qweight, scales, zeros, group_size: int, in_features: int, bias=None):
         super().__init__(qweight.shape[0], in_features, bias)
         qweight, group_size = pad_int4_in_features(qweight, zeros, group_size, in_features)
@@ -129,11 +144,22 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
 
     def prepare(self, backend: str = "native") -> None:
         # The CPU kernel wants qweight row-tiled (_CpuTiledWeight) and fp32 scales with
-        # uint8 zeros, made once here rather than per call.
+        # uint8 zeros, made once here rather than per call; int8 activations on AVX-512
+        # VNNI take the lanes layout instead (w4a8_lanes_wanted).
+        if self.lanes_scales is not None:
+            self.qweight, self.lanes_scales = w4a8_unprepare_lanes(self.qweight, self.out_features), None
         super().prepare(backend)
         self.scales = self.scales.contiguous()
         self.zeros = self.zeros.to(torch.uint8).contiguous()
         self.cpu_scales = None
+        self.cuda_layout = self.cuda_scales = None
+        if (self.activations == "int8" and backend == "native" and self.qweight.device.type == "cpu"
+                and w4a8_lanes_supported(self.k_padded, self.group_size) and w4a8_lanes_wanted()):
+            if self.qweight_tiled:
+                self.qweight, self.qweight_tiled = self._untile(self.qweight), False
+            self.qweight, *scales = w4a8_prepare_lanes(self.qweight.contiguous(), self.scales, self.zeros)
+            self.lanes_scales = tuple(scales)
+            return
         if self._retile(backend):
             self.cpu_scales = w4a16_prepare_cpu_scales(self.scales, self.zeros)
         # On CUDA the tensor-core kernel wants the weights in mma fragment order: shuffle
@@ -144,8 +170,16 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
             self.cuda_layout = torch.ops.compress.w4a16_shuffle_for_cuda(
                 self.qweight, self.scales, self.zeros, self.group_size)
 
+    def canonical_qweight(self) -> torch.Tensor:
+        if self.lanes_scales is not None:
+            return w4a8_unprepare_lanes(self.qweight, self.out_features)
+        return super().canonical_qweight()
+
     def relocate(self, place) -> None:
         self.qweight = place(self.qweight)
+        if self.lanes_scales is not None:
+            self.lanes_scales = tuple(place(t) for t in self.lanes_scales)
+            return
         if self.cpu_scales is None:
             self.scales, self.zeros = place(self.scales), place(self.zeros)
             return
@@ -161,7 +195,9 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
     def read_bytes(self) -> int:
         """Bytes one call reads for its weights (the packed ints plus the scales the
         kernel on this device uses)."""
-        if self.cpu_scales is not None:
+        if self.lanes_scales is not None:
+            scales = sum(t.numel() * t.element_size() for t in self.lanes_scales)
+        elif self.cpu_scales is not None:
             scales = sum(t.numel() * t.element_size() for t in self.cpu_scales)
         elif self.cuda_layout is not None:
             scales = sum(t.numel() * t.element_size() for t in self.cuda_layout[1:])
@@ -181,7 +217,11 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
         return self.cuda_scales
 
     def decode_spec(self):
-        if self.cpu_scales is None or self.k_padded != self.in_features:  # decode_layer passes x unpadded
+        if self.k_padded != self.in_features:  # decode_layer passes x unpadded
+            return None
+        if self.lanes_scales is not None:
+            return "w4a8_lanes", self.group_size, [self.qweight, *self.lanes_scales], self.bias
+        if self.cpu_scales is None:
             return None
         scheme = "w4a8_prepared" if self.activations == "int8" else "w4a16_prepared"
         return scheme, self.group_size, [self.qweight, *self.cpu_scales], self.bias
@@ -189,6 +229,11 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
     def gemm(self, x2d):
         x2d = pad_activations(x2d, self.k_padded)
         int8 = self.activations == "int8"
+        if self.lanes_scales is not None:
+            if not int8:
+                raise RuntimeError("this int4 layer was prepared for int8 activations (the lanes layout); "
+                                   "set activations before prepare()")
+            return torch.ops.compress.w4a8_gemm_lanes(x2d, self.qweight, *self.lanes_scales, self.group_size)
         if self.cuda_layout is not None and not int8 and x2d.dtype in (torch.float16, torch.bfloat16):
             qs, _, zt = self.cuda_layout
             return torch.ops.compress.w4a16_gemm_shuffled(x2d, qs, self._cuda_scales(x2d.dtype), zt,

@@ -9,7 +9,7 @@ import torch
 
 from compress.errors import UserError
 from compress.ops import native_available
-from compress.runtime import LLM
+from compress.runtime import LLM, layers
 from compress.runtime.models.llama import build_model
 
 from paged_steps import fed_token, step_logits
@@ -60,9 +60,11 @@ def test_float_activations_are_the_schemes_numbers(int4_llama):
 
 @pytest.mark.skipif(not native_available("cpu"), reason="native CPU kernels not built")
 @pytest.mark.parametrize("choice,scheme", [("float", "w4a16_prepared"), ("int8", "w4a8_prepared")])
-def test_native_kernels_respect_the_choice(int4_llama, choice, scheme):
+def test_native_kernels_respect_the_choice(int4_llama, choice, scheme, monkeypatch):
     """The int4 layers hand the native decode step the chosen op (their decode_spec) and
-    the native kernels give what the reference kernels give for the same choice."""
+    the native kernels give what the reference kernels give for the same choice (int8 on
+    the row-tiled layout here; the lanes layout below)."""
+    monkeypatch.setattr(layers, "W4A8_LANES", False)
     ckpt, _ = int4_llama
     model = build_model(ckpt, w4_activations=choice)
     linears = [m for layer in model.layers for m in (layer.attn.qkv_proj, layer.attn.o_proj,
@@ -71,6 +73,30 @@ def test_native_kernels_respect_the_choice(int4_llama, choice, scheme):
     _, native = teacher_forced(model)
     _, reference = teacher_forced(build_model(ckpt, kernels="reference", w4_activations=choice))
     assert relative_error(native, reference) < 1e-5
+
+
+@pytest.mark.skipif(not native_available("cpu") or not layers.w4a8_lanes_wanted(),
+                    reason="the lanes layout is prepared on AVX-512 VNNI CPUs without AMX only")
+def test_int8_activations_take_the_lanes_layout_on_vnni(int4_llama, monkeypatch):
+    """On AVX-512 VNNI (no AMX) int8-activation int4 layers are prepared in the lanes
+    layout (decode_spec 'w4a8_lanes'), give the reference's logits and the row-tiled
+    kernels' within float rounding, and keep their canonical weights recoverable."""
+    ckpt, _ = int4_llama
+    model = build_model(ckpt, w4_activations="int8")
+    linears = [m for layer in model.layers for m in (layer.attn.qkv_proj, layer.attn.o_proj,
+                                                      layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+    assert {m.decode_spec()[0] for m in linears} == {"w4a8_lanes"}
+    _, lanes = teacher_forced(model)
+    _, reference = teacher_forced(build_model(ckpt, kernels="reference", w4_activations="int8"))
+    assert relative_error(lanes, reference) < 1e-5
+    monkeypatch.setattr(layers, "W4A8_LANES", False)
+    tiled_model = build_model(ckpt, w4_activations="int8")
+    _, tiled = teacher_forced(tiled_model)
+    assert relative_error(lanes, tiled) < 1e-5
+    tiled_linears = [m for layer in tiled_model.layers for m in (layer.attn.qkv_proj, layer.attn.o_proj,
+                                                                  layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+    for a, b in zip(linears, tiled_linears):
+        assert torch.equal(a.canonical_qweight(), b.canonical_qweight())
 
 
 def test_unknown_choice_is_a_user_error(int4_llama):

@@ -1,0 +1,244 @@
+// compress::w4a8_gemm_lanes on CPU: w4a8_gemm (int4 weights x int8 activation blocks of
+// 32) on the weight-row-lane layout (reference.w4a8_prepare_lanes), whose zmm lanes are
+// 16 weight rows. Reference: compress/ops/reference.py::w4a8_gemm_lanes.
+//
+// Why another layout. The row-tiled kernels (w4a8_gemm.cpp) put k or activation rows in
+// the vector lanes: the four-row tiles dot one activation row with four weight rows and
+// fold lanes with hadds per 64 k and row (140-190 GMAC/s at 2-11 rows on two Zen5
+// threads), the panel GEMM's lanes are 16 activation rows (idle below 16 rows). Here a
+// lane is a weight row, so no count of activation rows leaves lanes idle and nothing is
+// folded:
+// - layout: per tile of 16 weight rows, per 64-k chunk c, per word j (0-7) of a row's
+//   chunk, the 16 rows' words side by side (64 bytes). A word holds 8 nibbles: its low
+//   nibbles are k = 64c + 8j + {0, 2, 4, 6}, its high nibbles k + 1. Rows past N are zero.
+// - activations are quantized and permuted per chunk as for w4a8_gemm (evens, then odds),
+//   so the low-nibble quad of word j meets activation word j and the high quad word 8 + j;
+// - one zmm load + and / shift / and gives two u8 weight vectors (16 rows x 4 k each),
+//   each dotted with every activation row's 4 bytes broadcast (s8): one vpdpbusd per 64
+//   multiply-accumulates; words 0-3 are the chunk's first block of 32, 4-7 the second;
+// - per block and activation row one conversion and one FMA with the row's block scale;
+//   per group one FMA with the 16 rows' scales and one with their scale x zero point times
+//   the row's X_g (the zero point folded out as in the other tiles);
+// - 16 outputs of a row are one store (masked past N).
+// Rows are computed independently in a fixed order, so a row's result does not depend on
+// its batch mates or on the thread count.
+#include <torch/library.h>
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "cpu/kernel_common.h"
+#include "cpu/ops.h"
+#include "cpu/w4a16_common.h"
+
+namespace compress_cpu {
+namespace {
+
+using namespace w4;
+
+constexpr int64_t kLaneRows = 16;                 // weight rows a tile (zmm int32 lanes)
+constexpr int64_t kTileChunkBytes = 8 * 64;       // one 64-k chunk of a tile: 8 words x 16 rows
+constexpr int64_t kMaxRows = 8;                   // activation rows a pass (16 zmm of sums)
+// Bytes of the weight stream a block prefetches ahead (prefetcht0; 1-8 KiB and an extra
+// prefetcht1 16-32 KiB ahead measured alike, in one process on the 345M model's shapes).
+constexpr int64_t kPrefetchAhead = 4096;
+
+struct LaneArgs {
+  int64_t M, N, K, G, KC, NG, T;
+  const uint8_t* w;   // [T][KC][8][16] words
+  const float* s;     // [NG][N]: the rows' group scales
+  const float* sz;    // [NG][N]: scale x zero point
+  const int8_t* xq;   // [M][KC * 64], permuted chunks
+  const float* xs;    // [M][KC * 8]: lane scales, block A x4 then block B x4 per chunk
+  const float* xg;    // [M][NG]: X_g
+  float* y;           // [M][N]
+};
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+// Activation rows [m0, m0 + MT) against tile t over the whole K; outputs into y.
+template <int MT>
+void lanes_tile(const LaneArgs& a, int64_t t, int64_t m0) {
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  const int64_t bpg = a.G / kBlock, xrow = a.KC * kChunk, lrow = a.KC * 8;
+  const uint8_t* wt = a.w + t * a.KC * kTileChunkBytes;
+  const int64_t n0 = t * kLaneRows, cols = std::min<int64_t>(kLaneRows, a.N - n0);
+  const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1u);
+  __m512 acc[MT];
+  for (int m = 0; m < MT; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < a.NG; ++g) {
+    __m512 ag[MT];
+    for (int m = 0; m < MT; ++m) ag[m] = _mm512_setzero_ps();
+    for (int64_t b = g * bpg; b < (g + 1) * bpg; ++b) {
+      const int64_t c = b >> 1, half = b & 1;
+      const uint8_t* wb = wt + c * kTileChunkBytes + half * 256;  // words 4 half .. 4 half + 3
+      for (int l = 0; l < 4; ++l) _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchAhead + 64 * l), _MM_HINT_T0);
+      __m512i d[MT];
+      for (int m = 0; m < MT; ++m) d[m] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+      for (int jj = 0; jj < 4; ++jj) {
+        const __m512i raw = _mm512_loadu_si512(wb + 64 * jj);
+        const __m512i lo = _mm512_and_si512(raw, nib);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+        const int64_t j = 4 * half + jj;
+        for (int m = 0; m < MT; ++m) {
+          const int8_t* xp = a.xq + (m0 + m) * xrow + c * kChunk;
+          int32_t even, odd;
+          std::memcpy(&even, xp + 4 * j, 4);
+          std::memcpy(&odd, xp + 32 + 4 * j, 4);
+          d[m] = _mm512_dpbusd_epi32(d[m], lo, _mm512_set1_epi32(even));
+          d[m] = _mm512_dpbusd_epi32(d[m], hi, _mm512_set1_epi32(odd));
+        }
+      }
+      for (int m = 0; m < MT; ++m)
+        ag[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[m]), _mm512_set1_ps(a.xs[(m0 + m) * lrow + c * 8 + half * 4]),
+                                ag[m]);
+    }
+    const __m512 sv = _mm512_maskz_loadu_ps(mask, a.s + g * a.N + n0);
+    const __m512 szv = _mm512_maskz_loadu_ps(mask, a.sz + g * a.N + n0);
+    for (int m = 0; m < MT; ++m) {
+      acc[m] = _mm512_fmadd_ps(ag[m], sv, acc[m]);
+      acc[m] = _mm512_fnmadd_ps(szv, _mm512_set1_ps(a.xg[(m0 + m) * a.NG + g]), acc[m]);
+    }
+  }
+  for (int m = 0; m < MT; ++m) _mm512_mask_storeu_ps(a.y + (m0 + m) * a.N + n0, mask, acc[m]);
+}
+
+template <int... Rows>
+void lanes_rest(const LaneArgs& a, int64_t t, int64_t m0, int64_t rows, std::integer_sequence<int, Rows...>) {
+  ((rows == Rows + 1 ? lanes_tile<Rows + 1>(a, t, m0) : void()), ...);
+}
+
+void lanes_vnni(const LaneArgs& a, int64_t t0, int64_t t1) {
+  for (int64_t t = t0; t < t1; ++t) {
+    // The next tile's scales: a tile reads one line of each [NG, N] row, N * 4 bytes apart,
+    // a stride the hardware prefetcher does not follow (without this: 0.63-0.91x the
+    // row-tiled kernel at 1-16 rows instead of 0.95-1.74x).
+    if (t + 1 < a.T) {
+      const int64_t next = (t + 1) * kLaneRows;
+      for (int64_t g = 0; g < a.NG; ++g) {
+        _mm_prefetch(reinterpret_cast<const char*>(a.s + g * a.N + next), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(a.sz + g * a.N + next), _MM_HINT_T0);
+      }
+    }
+    int64_t m = 0;
+    for (; m + kMaxRows <= a.M; m += kMaxRows) lanes_tile<kMaxRows>(a, t, m);
+    if (m < a.M) lanes_rest(a, t, m, a.M - m, std::make_integer_sequence<int, kMaxRows - 1>{});
+  }
+}
+#pragma GCC pop_options
+
+// Below the AVX-512 VNNI level (a forced ISA, or a CPU the runtime would not prepare this
+// layout for): the same sums in the same order, one lane at a time.
+void lanes_scalar(const LaneArgs& a, int64_t t0, int64_t t1) {
+  const int64_t bpg = a.G / kBlock, xrow = a.KC * kChunk, lrow = a.KC * 8;
+  for (int64_t t = t0; t < t1; ++t) {
+    const uint8_t* wt = a.w + t * a.KC * kTileChunkBytes;
+    const int64_t n0 = t * kLaneRows, cols = std::min<int64_t>(kLaneRows, a.N - n0);
+    for (int64_t m = 0; m < a.M; ++m) {
+      for (int64_t r = 0; r < cols; ++r) {
+        float acc = 0.f;
+        for (int64_t g = 0; g < a.NG; ++g) {
+          float ag = 0.f;
+          for (int64_t b = g * bpg; b < (g + 1) * bpg; ++b) {
+            const int64_t c = b >> 1, half = b & 1;
+            const int8_t* xp = a.xq + m * xrow + c * kChunk;
+            int32_t d = 0;
+            for (int64_t jj = 0; jj < 4; ++jj) {
+              const int64_t j = 4 * half + jj;
+              const uint8_t* word = wt + c * kTileChunkBytes + (j * kLaneRows + r) * 4;
+              for (int i = 0; i < 4; ++i) {
+                d += static_cast<int32_t>(word[i] & 0x0F) * xp[4 * j + i];
+                d += static_cast<int32_t>(word[i] >> 4) * xp[32 + 4 * j + i];
+              }
+            }
+            ag = std::fma(static_cast<float>(d), a.xs[m * lrow + c * 8 + half * 4], ag);
+          }
+          acc = std::fma(ag, a.s[g * a.N + n0 + r], acc);
+          acc = std::fma(-a.sz[g * a.N + n0 + r], a.xg[m * a.NG + g], acc);
+        }
+        a.y[m * a.N + n0 + r] = acc;
+      }
+    }
+  }
+}
+
+void check_lanes_args(const char* op, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                      const at::Tensor& sz, int64_t G) {
+  TORCH_CHECK(x.dim() == 2 && x.device().is_cpu(), op, ": x must be a 2-D CPU tensor, got ", x.sizes());
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf, op,
+              ": x must be float32, bfloat16 or float16, got ", x.scalar_type());
+  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kInt && qweight.is_contiguous(), op,
+              ": qweight must be the contiguous int32 [tiles, K * 2] of reference.w4a8_prepare_lanes, got ",
+              qweight.scalar_type(), " ", qweight.sizes());
+  const int64_t K = x.size(1);
+  TORCH_CHECK(qweight.size(1) == 2 * K, op, ": qweight holds K = ", qweight.size(1) / 2, " a row, x has K = ", K);
+  TORCH_CHECK(K % kChunk == 0, op, ": K must be a multiple of 64, got ", K);
+  TORCH_CHECK(G > 0 && K % G == 0 && (G == kBlock || G % kChunk == 0), op,
+              ": group_size must divide K and be 32 or a multiple of 64, got ", G, " for K = ", K);
+  TORCH_CHECK(scale.dim() == 2 && scale.scalar_type() == at::kFloat && scale.is_contiguous() &&
+                  scale.size(0) == K / G,
+              op, ": scale must be the contiguous float32 [K / group_size, N] = [", K / G, ", N], got ",
+              scale.scalar_type(), " ", scale.sizes());
+  TORCH_CHECK(sz.sizes() == scale.sizes() && sz.scalar_type() == at::kFloat && sz.is_contiguous(), op,
+              ": sz must be float32 shaped like scale ", scale.sizes(), ", got ", sz.scalar_type(), " ", sz.sizes());
+  TORCH_CHECK(qweight.size(0) == ceil_div(scale.size(1), kLaneRows), op, ": qweight has ", qweight.size(0),
+              " tiles of 16 rows, scale has N = ", scale.size(1));
+  TORCH_CHECK(qweight.device().is_cpu() && scale.device().is_cpu() && sz.device().is_cpu(), op,
+              ": all tensors must be on the CPU");
+}
+
+at::Tensor lanes_run(const at::Tensor& x_in, const at::Tensor& qweight, const at::Tensor& scale, const at::Tensor& sz,
+                     int64_t G, at::Tensor* out) {
+  const at::Tensor x = x_in.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), N = scale.size(1), KC = K / kChunk, NG = K / G;
+  at::Tensor y = out ? *out : at::empty({M, N}, x.options().dtype(at::kFloat));
+  if (M == 0 || N == 0) return out ? y : float_to_activation_dtype(y, x.scalar_type());
+  const int64_t xq_bytes = M * KC * kChunk, xs_floats = M * KC * 8;
+  const Scratch work(Scratch::kW4, xq_bytes + 4 * (xs_floats + M * NG));
+  int8_t* xq = reinterpret_cast<int8_t*>(work.data());
+  float* xs = reinterpret_cast<float*>(work.data() + xq_bytes);
+  float* xg = xs + xs_floats;
+  const bool avx2 = active_isa() >= Isa::Avx2;
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    std::vector<float> buf(x.scalar_type() == at::kFloat ? 0 : K);
+    for (int64_t m = m0; m < m1; ++m) {
+      const float* row = x.scalar_type() == at::kFloat ? x.data_ptr<float>() + m * K : buf.data();
+      if (!buf.empty()) row_to_float(x, m, buf.data());
+      quantize_row(row, K, G, KC, avx2, xq + m * KC * kChunk, xs + m * KC * 8, xg + m * NG);
+    }
+  });
+  const LaneArgs a{M, N, K, G, KC, NG, qweight.size(0), reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>()),
+                   scale.data_ptr<float>(), sz.data_ptr<float>(), xq, xs, xg, y.data_ptr<float>()};
+  const bool vnni = active_isa() == Isa::Avx512Vnni;
+  // Contiguous runs of tiles per thread: at few rows each thread streams one run of weights.
+  at::parallel_for(0, a.T, 1, [&](int64_t t0, int64_t t1) {
+    if (vnni) lanes_vnni(a, t0, t1);
+    else lanes_scalar(a, t0, t1);
+  });
+  return out ? y : float_to_activation_dtype(y, x.scalar_type());
+}
+
+}  // namespace
+
+at::Tensor w4a8_gemm_lanes(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                           const at::Tensor& sz, int64_t group_size) {
+  check_lanes_args("w4a8_gemm_lanes", x, qweight, scale, sz, group_size);
+  return lanes_run(x, qweight, scale, sz, group_size, nullptr);
+}
+
+at::Tensor& w4a8_gemm_lanes_into(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                                 const at::Tensor& sz, int64_t group_size, at::Tensor& out) {
+  check_lanes_args("w4a8_gemm_lanes_into", x, qweight, scale, sz, group_size);
+  check_float_out("w4a8_gemm_lanes_into", x, scale.size(1), out);
+  lanes_run(x, qweight, scale, sz, group_size, &out);
+  return out;
+}
+
+}  // namespace compress_cpu
+
+TORCH_LIBRARY_IMPL(compress, CPU, m) { m.impl("w4a8_gemm_lanes", &compress_cpu::w4a8_gemm_lanes); }

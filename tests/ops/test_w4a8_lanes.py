@@ -1,0 +1,114 @@
+"""w4a8_gemm_lanes: int4 x int8-activation GEMM on the weight-row-lane layout
+(reference.w4a8_prepare_lanes, csrc/cpu/w4a8_lanes.cpp)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import compress.ops as ops
+from compress.accuracy import sqnr_db
+from compress.ops import reference
+from int_weights import make_int4
+
+native = pytest.mark.skipif(not ops.native_available("cpu"), reason="native CPU kernels not built")
+vnni = pytest.mark.skipif(not ops.native_available("cpu") or "avx512_vnni" not in ops.cpu_isas_available(),
+                          reason="no AVX-512 VNNI on this CPU")
+
+
+def _case(m, n, k, group, seed=0, dtype=torch.float32):
+    torch.manual_seed(seed)
+    qweight, scales, zeros = make_int4(n, k, group)
+    return torch.randn(m, k).to(dtype), qweight, scales, zeros
+
+
+@pytest.mark.parametrize("n,k", [(1, 64), (15, 128), (16, 64), (17, 192), (33, 512), (100, 1024)])
+def test_prepare_round_trips_and_pads_rows(n, k):
+    _, qweight, scales, zeros = _case(1, n, k, 64)
+    q, scale, sz = reference.w4a8_prepare_lanes(qweight, scales, zeros)
+    tiles = -(-n // 16)
+    assert q.shape == (tiles, 2 * k) and q.dtype == torch.int32
+    assert scale.shape == sz.shape == (k // 64, n)
+    assert torch.equal(reference.w4a8_unprepare_lanes(q, n), qweight)
+    # word j of row r's chunk c sits at int32 ((c * 8 + j) * 16 + r) of its tile; padded rows are zero
+    words = q.reshape(tiles, k // 64, 8, 16)
+    assert torch.equal(words[0, 0, :, 0], qweight[0, :8])
+    if n % 16:
+        assert not words[-1, :, :, n % 16:].any()
+    assert torch.equal(sz, (scales.float() * zeros.float()).t())
+
+
+def test_prepare_refuses_k_off_the_chunk():
+    _, qweight, scales, zeros = _case(1, 8, 96, 32)
+    with pytest.raises(ValueError, match="divisible by 64"):
+        reference.w4a8_prepare_lanes(qweight, scales, zeros)
+
+
+@native
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 9, 16, 20, 33])
+@pytest.mark.parametrize("n,k,group", [(37, 256, 32), (64, 512, 128), (21, 384, 64), (300, 1024, 128)])
+def test_lanes_op_matches_the_reference(m, n, k, group):
+    """The native op against the reference of the same form and against w4a8_gemm on the
+    canonical tensors: the same integer dots, fp32 sums in another order."""
+    x, qweight, scales, zeros = _case(m, n, k, group, seed=m)
+    prepared = reference.w4a8_prepare_lanes(qweight, scales, zeros)
+    got = torch.ops.compress.w4a8_gemm_lanes(x, *prepared, group)
+    assert got.shape == (m, n) and got.dtype == torch.float32
+    ref = reference.w4a8_gemm_lanes(x, *prepared, group)
+    assert sqnr_db(ref, got) > 100
+    assert sqnr_db(reference.w4a8_gemm(x, qweight, scales, zeros, group), got) > 100
+
+
+@native
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_activations_come_back_in_their_dtype(dtype):
+    x, qweight, scales, zeros = _case(5, 40, 256, 64, dtype=dtype)
+    prepared = reference.w4a8_prepare_lanes(qweight, scales, zeros)
+    got = torch.ops.compress.w4a8_gemm_lanes(x, *prepared, 64)
+    assert got.dtype == dtype
+    want = reference.w4a8_gemm(x.float(), qweight, scales, zeros, 64)
+    assert sqnr_db(want, got.float()) > 40
+
+
+@vnni
+def test_vnni_kernel_equals_the_scalar_lanes_bit_for_bit():
+    """The AVX-512 VNNI tiles and the scalar fallback (CPUs below it, or a forced ISA)
+    compute the same sums in the same order."""
+    x, qweight, scales, zeros = _case(11, 45, 512, 32)
+    prepared = reference.w4a8_prepare_lanes(qweight, scales, zeros)
+    fast = torch.ops.compress.w4a8_gemm_lanes(x, *prepared, 32)
+    for isa in ("avx2", "scalar"):
+        with ops.force_cpu_isa(isa):
+            assert torch.equal(torch.ops.compress.w4a8_gemm_lanes(x, *prepared, 32), fast)
+
+
+@native
+def test_a_row_does_not_depend_on_its_batch_or_the_threads():
+    x, qweight, scales, zeros = _case(19, 70, 512, 128)
+    prepared = reference.w4a8_prepare_lanes(qweight, scales, zeros)
+    batch = torch.ops.compress.w4a8_gemm_lanes(x, *prepared, 128)
+    alone = torch.cat([torch.ops.compress.w4a8_gemm_lanes(x[i:i + 1], *prepared, 128) for i in range(19)])
+    assert torch.equal(batch, alone)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = torch.ops.compress.w4a8_gemm_lanes(x, *prepared, 128)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(batch, one)
+
+
+@native
+def test_bad_arguments_name_what_is_wrong():
+    x, qweight, scales, zeros = _case(2, 20, 256, 64)
+    q, scale, sz = reference.w4a8_prepare_lanes(qweight, scales, zeros)
+    op = torch.ops.compress.w4a8_gemm_lanes
+    with pytest.raises(RuntimeError, match="qweight holds K = 256 a row, x has K = 192"):
+        op(x[:, :192], q, scale, sz, 64)
+    with pytest.raises(RuntimeError, match="group_size must divide K and be 32 or a multiple of 64"):
+        op(x, q, scale, sz, 96)
+    with pytest.raises(RuntimeError, match=r"scale must be the contiguous float32 \[K / group_size, N\]"):
+        op(x, q, scale.t().contiguous(), sz, 64)
+    with pytest.raises(RuntimeError, match="sz must be float32 shaped like scale"):
+        op(x, q, scale, sz[:, :5].contiguous(), 64)
+    with pytest.raises(RuntimeError, match="tiles of 16 rows"):
+        op(x, q[:1].contiguous(), scale, sz, 64)
