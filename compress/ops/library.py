@@ -23,7 +23,7 @@ SCHEMAS = {
     "w4a8_gemm_prepared": ("w4a8_gemm_prepared(Tensor x, Tensor qweight, Tensor scale, "
                            "Tensor zeros, int group_size) -> Tensor"),
     # the same on the weight-row-lane layout (reference.w4a8_prepare_lanes): the AVX-512 VNNI CPUs' form
-    "w4a8_gemm_lanes": "w4a8_gemm_lanes(Tensor x, Tensor qweight, Tensor scale, Tensor sz, int group_size) -> Tensor",
+    "w4a8_gemm_lanes": "w4a8_gemm_lanes(Tensor x, Tensor qweight, Tensor scale, Tensor zeros, int group_size) -> Tensor",
     "w8a8_gemm": "w8a8_gemm(Tensor x, Tensor qweight, Tensor weight_scale) -> Tensor",
     "w8a8_outlier_gemm": ("w8a8_outlier_gemm(Tensor x, Tensor qweight, Tensor weight_scale, "
                           "Tensor outlier_idx, Tensor outlier_weight) -> Tensor"),
@@ -73,7 +73,7 @@ def _fake_gemm(x, qweight, *args, **kwargs):
     return x.new_empty((x.shape[0], qweight.shape[0]))
 
 
-def _fake_gemm_lanes(x, qweight, scale, sz, group_size):
+def _fake_gemm_lanes(x, qweight, scale, zeros, group_size):
     return x.new_empty((x.shape[0], scale.shape[1]))
 
 

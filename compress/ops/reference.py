@@ -178,8 +178,8 @@ def w4a8_gemm_prepared(x: torch.Tensor, qweight_tiled: torch.Tensor, scale: torc
 # runtime prepares an int8-activation int4 linear in on CPUs with AVX-512 VNNI: per tile
 # of 16 rows, per chunk of 64 k (8 words a row), per word j, the 16 rows' words j side by
 # side, so one 64-byte load holds a word of every row of the tile (rows past N are zero).
-# The group metadata is transposed, [K / group_size, N]: a tile's 16 scales of a group
-# are adjacent; sz = scale * zero point (rounded to fp32, as the other forms compute it).
+# The group metadata is transposed, [K / group_size, N] (a tile's 16 scales or zero points
+# of a group are adjacent): fp32 scales, uint8 zero points.
 W4_LANE_ROWS = 16
 
 
@@ -192,7 +192,7 @@ def w4a8_lanes_supported(k: int, group_size: int) -> bool:
 def w4a8_prepare_lanes(qweight: torch.Tensor, scales: torch.Tensor,
                        zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Canonical int32 ``[N, K/8]``, scales / zeros ``[N, K/G]`` -> the lanes form: int32
-    ``[ceil(N/16), 2K]`` (tile, chunk, word, row), fp32 scale ``[K/G, N]`` and sz ``[K/G, N]``."""
+    ``[ceil(N/16), 2K]`` (tile, chunk, word, row), fp32 scale and uint8 zeros ``[K/G, N]``."""
     n, words = qweight.shape
     if (words * 8) % 64:
         raise ValueError(f"the lanes layout needs K divisible by 64, got K={words * 8}")
@@ -200,9 +200,7 @@ def w4a8_prepare_lanes(qweight: torch.Tensor, scales: torch.Tensor,
     q = torch.zeros(tiles * W4_LANE_ROWS, words, dtype=torch.int32, device=qweight.device)
     q[:n] = qweight
     q = q.reshape(tiles, W4_LANE_ROWS, words // 8, 8).permute(0, 2, 3, 1).reshape(tiles, words * W4_LANE_ROWS)
-    s = scales.to(torch.float32)
-    sz = s * zeros.to(torch.float32)
-    return q.contiguous(), s.t().contiguous(), sz.t().contiguous()
+    return q.contiguous(), scales.to(torch.float32).t().contiguous(), zeros.to(torch.uint8).t().contiguous()
 
 
 def w4a8_unprepare_lanes(q_lanes: torch.Tensor, n: int) -> torch.Tensor:
@@ -213,19 +211,10 @@ def w4a8_unprepare_lanes(q_lanes: torch.Tensor, n: int) -> torch.Tensor:
     return q[:n].contiguous()
 
 
-def w4a8_gemm_lanes(x: torch.Tensor, q_lanes: torch.Tensor, scale: torch.Tensor, sz: torch.Tensor,
+def w4a8_gemm_lanes(x: torch.Tensor, q_lanes: torch.Tensor, scale: torch.Tensor, zeros: torch.Tensor,
                     group_size: int) -> torch.Tensor:
-    """:func:`w4a8_gemm` on :func:`w4a8_prepare_lanes`'s tensors: weights ``u * scale - sz``,
-    activations quantized per block of 32."""
-    n = scale.shape[1]
-    u = unpack_int4(w4a8_unprepare_lanes(q_lanes, n)).to(torch.float32)
-    k = u.shape[1]
-    g = u.reshape(n, k // group_size, group_size)
-    w = (g * scale.t().unsqueeze(-1) - sz.t().unsqueeze(-1)).reshape(n, k)
-    q, xs = quantize_blocks_int8(x)
-    m = q.shape[0]
-    xq = (q.to(torch.float32).reshape(m, -1, W4A8_BLOCK) * xs.unsqueeze(-1)).reshape(m, k)
-    return (xq @ w.t()).to(x.dtype)
+    """:func:`w4a8_gemm` on :func:`w4a8_prepare_lanes`'s tensors."""
+    return w4a8_gemm(x, w4a8_unprepare_lanes(q_lanes, scale.shape[1]), scale.t(), zeros.t(), group_size)
 
 
 def quantize_per_token_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -128,7 +128,7 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
     activations = DEFAULT_W4_ACTIVATIONS
     _tile, _untile = staticmethod(w4a16_tile_cpu), staticmethod(w4a16_untile_cpu)
 
-    lanes_scales = None  # (scale, sz) [K/G, N] while qweight is in the lanes layout (w4a8_prepare_lanes)
+    lanes_scales = None  # (scale, zeros) [K/G, N] while qweight is in the lanes layout (w4a8_prepare_lanes)
 
     def __init__(self, qweight, scales, zeros, group_size: int, in_features: int, bias=None):
         super().__init__(qweight.shape[0], in_features, bias)

@@ -20,7 +20,7 @@
 //   w4a16_prepared:    qweight (row-tiled), scale (fp32), zeros (uint8): reference.w4a16_prepare_cpu
 //                      (float activations, w4a16_gemm_prepared)
 //   w4a8_prepared:     the same tensors, int8 activations per block of 32 (w4a8_gemm_prepared)
-//   w4a8_lanes:        qweight, scale, sz in the weight-row-lane layout (reference.w4a8_prepare_lanes;
+//   w4a8_lanes:        qweight, scale, zeros in the weight-row-lane layout (reference.w4a8_prepare_lanes;
 //                      int8 activations, w4a8_gemm_lanes)
 //   w8a8_prepared:     qweight (row-tiled, reference.w8a8_tile_cpu), weight_scale
 //   llm_int8_prepared: the same plus outlier_idx, outlier_weight (static set)

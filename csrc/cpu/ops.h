@@ -44,9 +44,9 @@ int64_t argmax_row_f32(const float* x, int64_t n);
 // (dense_gemm_small_rows) through the weight-streaming kernel, else at::mm.
 at::Tensor dense_gemm(const at::Tensor& x, const at::Tensor& w);
 // w4a8_gemm on the weight-row-lane layout (w4a8_lanes.cpp, reference.w4a8_prepare_lanes):
-// qweight int32 [tiles, 2K], scale and sz (scale x zero point) float32 [K / group_size, N].
+// qweight int32 [tiles, 2K], scale float32 and zeros uint8, both [K / group_size, N].
 at::Tensor w4a8_gemm_lanes(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
-                           const at::Tensor& sz, int64_t group_size);
+                           const at::Tensor& zeros, int64_t group_size);
 bool dense_gemm_small_rows(const at::Tensor& x, const at::Tensor& w);
 
 // The same ops writing into caller-owned tensors (decode_layer reuses its intermediates
@@ -59,7 +59,7 @@ at::Tensor& w4a8_gemm_prepared_into(const at::Tensor& x, const at::Tensor& qweig
 at::Tensor& w8a8_gemm_prepared_into(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& weight_scale,
                                     at::Tensor& out);
 at::Tensor& w4a8_gemm_lanes_into(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
-                                 const at::Tensor& sz, int64_t group_size, at::Tensor& out);
+                                 const at::Tensor& zeros, int64_t group_size, at::Tensor& out);
 at::Tensor& w8a8_outlier_gemm_prepared_into(const at::Tensor& x, const at::Tensor& qweight,
                                             const at::Tensor& weight_scale, const at::Tensor& outlier_idx,
                                             const at::Tensor& outlier_weight, c10::optional<double> threshold,

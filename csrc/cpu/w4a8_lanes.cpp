@@ -51,7 +51,7 @@ struct LaneArgs {
   int64_t M, N, K, G, KC, NG, T;
   const uint8_t* w;   // [T][KC][8][16] words
   const float* s;     // [NG][N]: the rows' group scales
-  const float* sz;    // [NG][N]: scale x zero point
+  const uint8_t* z;   // [NG][N]: zero points
   const int8_t* xq;   // [M][KC * 64], permuted chunks
   const float* xs;    // [M][KC * 8]: lane scales, block A x4 then block B x4 per chunk
   const float* xg;    // [M][NG]: X_g
@@ -99,7 +99,8 @@ void lanes_tile(const LaneArgs& a, int64_t t, int64_t m0) {
                                 ag[m]);
     }
     const __m512 sv = _mm512_maskz_loadu_ps(mask, a.s + g * a.N + n0);
-    const __m512 szv = _mm512_maskz_loadu_ps(mask, a.sz + g * a.N + n0);
+    // scale x zero point rounded to fp32, as the reference's product
+    const __m512 szv = _mm512_mul_ps(sv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, a.z + g * a.N + n0))));
     for (int m = 0; m < MT; ++m) {
       acc[m] = _mm512_fmadd_ps(ag[m], sv, acc[m]);
       acc[m] = _mm512_fnmadd_ps(szv, _mm512_set1_ps(a.xg[(m0 + m) * a.NG + g]), acc[m]);
@@ -122,7 +123,7 @@ void lanes_vnni(const LaneArgs& a, int64_t t0, int64_t t1) {
       const int64_t next = (t + 1) * kLaneRows;
       for (int64_t g = 0; g < a.NG; ++g) {
         _mm_prefetch(reinterpret_cast<const char*>(a.s + g * a.N + next), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(a.sz + g * a.N + next), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(a.z + g * a.N + next), _MM_HINT_T0);
       }
     }
     int64_t m = 0;
@@ -159,7 +160,8 @@ void lanes_scalar(const LaneArgs& a, int64_t t0, int64_t t1) {
             ag = std::fma(static_cast<float>(d), a.xs[m * lrow + c * 8 + half * 4], ag);
           }
           acc = std::fma(ag, a.s[g * a.N + n0 + r], acc);
-          acc = std::fma(-a.sz[g * a.N + n0 + r], a.xg[m * a.NG + g], acc);
+          const float sz = a.s[g * a.N + n0 + r] * static_cast<float>(a.z[g * a.N + n0 + r]);
+          acc = std::fma(-sz, a.xg[m * a.NG + g], acc);
         }
         a.y[m * a.N + n0 + r] = acc;
       }
@@ -168,7 +170,7 @@ void lanes_scalar(const LaneArgs& a, int64_t t0, int64_t t1) {
 }
 
 void check_lanes_args(const char* op, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
-                      const at::Tensor& sz, int64_t G) {
+                      const at::Tensor& zeros, int64_t G) {
   TORCH_CHECK(x.dim() == 2 && x.device().is_cpu(), op, ": x must be a 2-D CPU tensor, got ", x.sizes());
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf, op,
               ": x must be float32, bfloat16 or float16, got ", x.scalar_type());
@@ -184,15 +186,16 @@ void check_lanes_args(const char* op, const at::Tensor& x, const at::Tensor& qwe
                   scale.size(0) == K / G,
               op, ": scale must be the contiguous float32 [K / group_size, N] = [", K / G, ", N], got ",
               scale.scalar_type(), " ", scale.sizes());
-  TORCH_CHECK(sz.sizes() == scale.sizes() && sz.scalar_type() == at::kFloat && sz.is_contiguous(), op,
-              ": sz must be float32 shaped like scale ", scale.sizes(), ", got ", sz.scalar_type(), " ", sz.sizes());
+  TORCH_CHECK(zeros.sizes() == scale.sizes() && zeros.scalar_type() == at::kByte && zeros.is_contiguous(), op,
+              ": zeros must be contiguous uint8 shaped like scale ", scale.sizes(), ", got ", zeros.scalar_type(), " ",
+              zeros.sizes());
   TORCH_CHECK(qweight.size(0) == ceil_div(scale.size(1), kLaneRows), op, ": qweight has ", qweight.size(0),
               " tiles of 16 rows, scale has N = ", scale.size(1));
-  TORCH_CHECK(qweight.device().is_cpu() && scale.device().is_cpu() && sz.device().is_cpu(), op,
+  TORCH_CHECK(qweight.device().is_cpu() && scale.device().is_cpu() && zeros.device().is_cpu(), op,
               ": all tensors must be on the CPU");
 }
 
-at::Tensor lanes_run(const at::Tensor& x_in, const at::Tensor& qweight, const at::Tensor& scale, const at::Tensor& sz,
+at::Tensor lanes_run(const at::Tensor& x_in, const at::Tensor& qweight, const at::Tensor& scale, const at::Tensor& zeros,
                      int64_t G, at::Tensor* out) {
   const at::Tensor x = x_in.contiguous();
   const int64_t M = x.size(0), K = x.size(1), N = scale.size(1), KC = K / kChunk, NG = K / G;
@@ -213,7 +216,7 @@ at::Tensor lanes_run(const at::Tensor& x_in, const at::Tensor& qweight, const at
     }
   });
   const LaneArgs a{M, N, K, G, KC, NG, qweight.size(0), reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>()),
-                   scale.data_ptr<float>(), sz.data_ptr<float>(), xq, xs, xg, y.data_ptr<float>()};
+                   scale.data_ptr<float>(), zeros.data_ptr<uint8_t>(), xq, xs, xg, y.data_ptr<float>()};
   const bool vnni = active_isa() == Isa::Avx512Vnni;
   // Contiguous runs of tiles per thread: at few rows each thread streams one run of weights.
   at::parallel_for(0, a.T, 1, [&](int64_t t0, int64_t t1) {
@@ -226,16 +229,16 @@ at::Tensor lanes_run(const at::Tensor& x_in, const at::Tensor& qweight, const at
 }  // namespace
 
 at::Tensor w4a8_gemm_lanes(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
-                           const at::Tensor& sz, int64_t group_size) {
-  check_lanes_args("w4a8_gemm_lanes", x, qweight, scale, sz, group_size);
-  return lanes_run(x, qweight, scale, sz, group_size, nullptr);
+                           const at::Tensor& zeros, int64_t group_size) {
+  check_lanes_args("w4a8_gemm_lanes", x, qweight, scale, zeros, group_size);
+  return lanes_run(x, qweight, scale, zeros, group_size, nullptr);
 }
 
 at::Tensor& w4a8_gemm_lanes_into(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
-                                 const at::Tensor& sz, int64_t group_size, at::Tensor& out) {
-  check_lanes_args("w4a8_gemm_lanes_into", x, qweight, scale, sz, group_size);
+                                 const at::Tensor& zeros, int64_t group_size, at::Tensor& out) {
+  check_lanes_args("w4a8_gemm_lanes_into", x, qweight, scale, zeros, group_size);
   check_float_out("w4a8_gemm_lanes_into", x, scale.size(1), out);
-  lanes_run(x, qweight, scale, sz, group_size, &out);
+  lanes_run(x, qweight, scale, zeros, group_size, &out);
   return out;
 }
 

@@ -24,17 +24,17 @@ def _case(m, n, k, group, seed=0, dtype=torch.float32):
 @pytest.mark.parametrize("n,k", [(1, 64), (15, 128), (16, 64), (17, 192), (33, 512), (100, 1024)])
 def test_prepare_round_trips_and_pads_rows(n, k):
     _, qweight, scales, zeros = _case(1, n, k, 64)
-    q, scale, sz = reference.w4a8_prepare_lanes(qweight, scales, zeros)
+    q, scale, z = reference.w4a8_prepare_lanes(qweight, scales, zeros)
     tiles = -(-n // 16)
     assert q.shape == (tiles, 2 * k) and q.dtype == torch.int32
-    assert scale.shape == sz.shape == (k // 64, n)
+    assert scale.shape == z.shape == (k // 64, n) and scale.dtype == torch.float32 and z.dtype == torch.uint8
     assert torch.equal(reference.w4a8_unprepare_lanes(q, n), qweight)
     # word j of row r's chunk c sits at int32 ((c * 8 + j) * 16 + r) of its tile; padded rows are zero
     words = q.reshape(tiles, k // 64, 8, 16)
     assert torch.equal(words[0, 0, :, 0], qweight[0, :8])
     if n % 16:
         assert not words[-1, :, :, n % 16:].any()
-    assert torch.equal(sz, (scales.float() * zeros.float()).t())
+    assert torch.equal(scale, scales.float().t()) and torch.equal(z, zeros.t())
 
 
 def test_prepare_refuses_k_off_the_chunk():
@@ -100,15 +100,17 @@ def test_a_row_does_not_depend_on_its_batch_or_the_threads():
 @native
 def test_bad_arguments_name_what_is_wrong():
     x, qweight, scales, zeros = _case(2, 20, 256, 64)
-    q, scale, sz = reference.w4a8_prepare_lanes(qweight, scales, zeros)
+    q, scale, z = reference.w4a8_prepare_lanes(qweight, scales, zeros)
     op = torch.ops.compress.w4a8_gemm_lanes
     with pytest.raises(RuntimeError, match="qweight holds K = 256 a row, x has K = 192"):
-        op(x[:, :192], q, scale, sz, 64)
+        op(x[:, :192], q, scale, z, 64)
     with pytest.raises(RuntimeError, match="group_size must divide K and be 32 or a multiple of 64"):
-        op(x, q, scale, sz, 96)
+        op(x, q, scale, z, 96)
     with pytest.raises(RuntimeError, match=r"scale must be the contiguous float32 \[K / group_size, N\]"):
-        op(x, q, scale.t().contiguous(), sz, 64)
-    with pytest.raises(RuntimeError, match="sz must be float32 shaped like scale"):
-        op(x, q, scale, sz[:, :5].contiguous(), 64)
+        op(x, q, scale.t().contiguous(), z, 64)
+    with pytest.raises(RuntimeError, match="zeros must be contiguous uint8 shaped like scale"):
+        op(x, q, scale, z[:, :5].contiguous(), 64)
+    with pytest.raises(RuntimeError, match="zeros must be contiguous uint8"):
+        op(x, q, scale, z.float(), 64)
     with pytest.raises(RuntimeError, match="tiles of 16 rows"):
-        op(x, q[:1].contiguous(), scale, sz, 64)
+        op(x, q[:1].contiguous(), scale, z, 64)
