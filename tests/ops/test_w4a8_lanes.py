@@ -59,6 +59,18 @@ def test_lanes_op_matches_the_reference(m, n, k, group):
 
 
 @native
+def test_rows_past_one_pass_over_the_weights():
+    """More rows than one pass keeps in L2 (256 KiB of activations: 128 rows at K = 2048)
+    run in passes; each row's result is the one it gets alone."""
+    x, qweight, scales, zeros = _case(200, 40, 2048, 128)
+    prepared = reference.w4a8_prepare_lanes(qweight, scales, zeros)
+    got = torch.ops.compress.w4a8_gemm_lanes(x, *prepared, 128)
+    assert sqnr_db(reference.w4a8_gemm(x, qweight, scales, zeros, 128), got) > 100
+    for i in (0, 127, 128, 199):
+        assert torch.equal(torch.ops.compress.w4a8_gemm_lanes(x[i:i + 1], *prepared, 128), got[i:i + 1])
+
+
+@native
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_activations_come_back_in_their_dtype(dtype):
     x, qweight, scales, zeros = _case(5, 40, 256, 64, dtype=dtype)
