@@ -24,6 +24,7 @@ SCHEMAS = {
                            "Tensor zeros, int group_size) -> Tensor"),
     # the same on the weight-row-lane layout (reference.w4a8_prepare_lanes): the AVX-512 VNNI CPUs' form
     "w4a8_gemm_lanes": "w4a8_gemm_lanes(Tensor x, Tensor qweight, Tensor scale, Tensor zeros, int group_size) -> Tensor",
+    "w4a16_gemm_lanes": "w4a16_gemm_lanes(Tensor x, Tensor qweight, Tensor scale, Tensor zeros, int group_size) -> Tensor",
     "w8a8_gemm": "w8a8_gemm(Tensor x, Tensor qweight, Tensor weight_scale) -> Tensor",
     "w8a8_outlier_gemm": ("w8a8_outlier_gemm(Tensor x, Tensor qweight, Tensor weight_scale, "
                           "Tensor outlier_idx, Tensor outlier_weight) -> Tensor"),
@@ -54,6 +55,7 @@ REFERENCES = {
     "w4a8_gemm": reference.w4a8_gemm,
     "w4a8_gemm_prepared": reference.w4a8_gemm_prepared,
     "w4a8_gemm_lanes": reference.w4a8_gemm_lanes,
+    "w4a16_gemm_lanes": reference.w4a16_gemm_lanes,
     "w8a8_gemm": reference.w8a8_gemm,
     "w8a8_outlier_gemm": reference.w8a8_outlier_gemm,
     "w8a8_gemm_prepared": reference.w8a8_gemm_prepared,
@@ -116,6 +118,7 @@ FAKES = {
     "w4a8_gemm": _fake_gemm,
     "w4a8_gemm_prepared": _fake_gemm,
     "w4a8_gemm_lanes": _fake_gemm_lanes,
+    "w4a16_gemm_lanes": _fake_gemm_lanes,
     "w8a8_gemm": _fake_gemm,
     "w8a8_outlier_gemm": _fake_gemm,
     "w8a8_gemm_prepared": _fake_gemm,

@@ -211,6 +211,18 @@ def w4a8_unprepare_lanes(q_lanes: torch.Tensor, n: int) -> torch.Tensor:
     return q[:n].contiguous()
 
 
+def w4a16_lanes_supported(k: int, group_size: int) -> bool:
+    """Whether the float-activation op takes a linear in the lanes layout
+    (``w4a16_gemm_lanes``): K a multiple of 64, groups of whole words (8 k)."""
+    return k % 64 == 0 and group_size % 8 == 0 and k % group_size == 0
+
+
+def w4a16_gemm_lanes(x: torch.Tensor, q_lanes: torch.Tensor, scale: torch.Tensor, zeros: torch.Tensor,
+                     group_size: int) -> torch.Tensor:
+    """:func:`w4a16_gemm` on :func:`w4a8_prepare_lanes`'s tensors."""
+    return w4a16_gemm(x, w4a8_unprepare_lanes(q_lanes, scale.shape[1]), scale.t(), zeros.t(), group_size)
+
+
 def w4a8_gemm_lanes(x: torch.Tensor, q_lanes: torch.Tensor, scale: torch.Tensor, zeros: torch.Tensor,
                     group_size: int) -> torch.Tensor:
     """:func:`w4a8_gemm` on :func:`w4a8_prepare_lanes`'s tensors."""

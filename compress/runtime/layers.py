@@ -16,19 +16,19 @@ from compress.runtime.int4_padding import pad_activations, pad_int4_in_features
 from compress.runtime.outlier_columns import checked_outlier_idx
 from compress.w4_activations import DEFAULT_W4_ACTIVATIONS
 from compress.ops.reference import (w4a8_lanes_supported, w4a8_prepare_lanes, w4a8_unprepare_lanes,
-                                    w4a16_prepare_cpu_scales, w4a16_tile_cpu, w4a16_untile_cpu,
-                                    w8a8_outlier_gemm_guarded, w8a8_tile_cpu, w8a8_untile_cpu)
+                                    w4a16_lanes_supported, w4a16_prepare_cpu_scales, w4a16_tile_cpu,
+                                    w4a16_untile_cpu, w8a8_outlier_gemm_guarded, w8a8_tile_cpu, w8a8_untile_cpu)
 
-# Whether int8-activation int4 layers take the weight-row-lane layout (w4a8_gemm_lanes,
-# csrc/cpu/w4a8_lanes.cpp) on CPUs with AVX-512 VNNI and no usable AMX-BF16 (AMX keeps the
-# row-tiled layout its many-row tiles read). Read at prepare(); False for timings of the
-# row-tiled kernels.
-W4A8_LANES = True
+# Whether int4 layers take the weight-row-lane layout (csrc/cpu/w4a8_lanes.cpp,
+# w4a16_lanes.cpp: zmm lanes = 16 weight rows) on CPUs with AVX-512 VNNI and no usable
+# AMX-BF16 (AMX keeps the row-tiled layout its many-row tiles read). Read at prepare();
+# False for timings of the row-tiled kernels.
+INT4_LANES = True
 
 
-def w4a8_lanes_wanted() -> bool:
-    """Whether this CPU runs int8-activation int4 layers on the lanes layout."""
-    return (W4A8_LANES and native_available("cpu") and cpu_isa() == "avx512_vnni"
+def int4_lanes_wanted() -> bool:
+    """Whether this CPU runs int4 layers on the lanes layout."""
+    return (INT4_LANES and native_available("cpu") and cpu_isa() == "avx512_vnni"
             and not w4a16_amx_available())
 
 class DenseLinear(nn.Module):
@@ -143,9 +143,9 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
         self.cpu_scales = None
 
     def prepare(self, backend: str = "native") -> None:
-        # The CPU kernel wants qweight row-tiled (_CpuTiledWeight) and fp32 scales with
-        # uint8 zeros, made once here rather than per call; int8 activations on AVX-512
-        # VNNI take the lanes layout instead (w4a8_lanes_wanted).
+        # The CPU kernels want qweight row-tiled (_CpuTiledWeight) and fp32 scales with
+        # uint8 zeros, made once here rather than per call; on AVX-512 VNNI without AMX
+        # the lanes layout instead (int4_lanes_wanted).
         if self.lanes_scales is not None:
             self.qweight, self.lanes_scales = w4a8_unprepare_lanes(self.qweight, self.out_features), None
         super().prepare(backend)
@@ -153,12 +153,12 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
         self.zeros = self.zeros.to(torch.uint8).contiguous()
         self.cpu_scales = None
         self.cuda_layout = self.cuda_scales = None
-        if (self.activations == "int8" and backend == "native" and self.qweight.device.type == "cpu"
-                and w4a8_lanes_supported(self.k_padded, self.group_size) and w4a8_lanes_wanted()):
+        if (backend == "native" and self.qweight.device.type == "cpu" and self._lanes_supported()
+                and int4_lanes_wanted()):
             if self.qweight_tiled:
                 self.qweight, self.qweight_tiled = self._untile(self.qweight), False
             self.qweight, *scales = w4a8_prepare_lanes(self.qweight.contiguous(), self.scales, self.zeros)
-            self.lanes_scales = tuple(scales)
+            self._set_lanes_scales(tuple(scales))
             return
         if self._retile(backend):
             self.cpu_scales = w4a16_prepare_cpu_scales(self.scales, self.zeros)
@@ -170,6 +170,22 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
             self.cuda_layout = torch.ops.compress.w4a16_shuffle_for_cuda(
                 self.qweight, self.scales, self.zeros, self.group_size)
 
+    def _set_lanes_scales(self, lanes_scales: tuple[torch.Tensor, torch.Tensor]) -> None:
+        # the canonical [N, K/G] scales and zeros become views of the lanes layout's
+        # transposed tensors: one copy of the group metadata, not two
+        self.lanes_scales = lanes_scales
+        self.scales, self.zeros = lanes_scales[0].t(), lanes_scales[1].t()
+
+    def _lanes_supported(self) -> bool:
+        """Whether the lanes ops take this layer with its activations: int8 on its group
+        sizes (32, multiples of 64; others run the float math, as the reference does)."""
+        if self.activations == "int8" and w4a8_lanes_supported(self.k_padded, self.group_size):
+            return True
+        return w4a16_lanes_supported(self.k_padded, self.group_size)
+
+    def _int8_lanes(self) -> bool:
+        return self.activations == "int8" and w4a8_lanes_supported(self.k_padded, self.group_size)
+
     def canonical_qweight(self) -> torch.Tensor:
         if self.lanes_scales is not None:
             return w4a8_unprepare_lanes(self.qweight, self.out_features)
@@ -178,7 +194,7 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
     def relocate(self, place) -> None:
         self.qweight = place(self.qweight)
         if self.lanes_scales is not None:
-            self.lanes_scales = tuple(place(t) for t in self.lanes_scales)
+            self._set_lanes_scales(tuple(place(t) for t in self.lanes_scales))
             return
         if self.cpu_scales is None:
             self.scales, self.zeros = place(self.scales), place(self.zeros)
@@ -220,7 +236,8 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
         if self.k_padded != self.in_features:  # decode_layer passes x unpadded
             return None
         if self.lanes_scales is not None:
-            return "w4a8_lanes", self.group_size, [self.qweight, *self.lanes_scales], self.bias
+            scheme = "w4a8_lanes" if self._int8_lanes() else "w4a16_lanes"
+            return scheme, self.group_size, [self.qweight, *self.lanes_scales], self.bias
         if self.cpu_scales is None:
             return None
         scheme = "w4a8_prepared" if self.activations == "int8" else "w4a16_prepared"
@@ -230,10 +247,8 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
         x2d = pad_activations(x2d, self.k_padded)
         int8 = self.activations == "int8"
         if self.lanes_scales is not None:
-            if not int8:
-                raise RuntimeError("this int4 layer was prepared for int8 activations (the lanes layout); "
-                                   "set activations before prepare()")
-            return torch.ops.compress.w4a8_gemm_lanes(x2d, self.qweight, *self.lanes_scales, self.group_size)
+            op = torch.ops.compress.w4a8_gemm_lanes if self._int8_lanes() else torch.ops.compress.w4a16_gemm_lanes
+            return op(x2d, self.qweight, *self.lanes_scales, self.group_size)
         if self.cuda_layout is not None and not int8 and x2d.dtype in (torch.float16, torch.bfloat16):
             qs, _, zt = self.cuda_layout
             return torch.ops.compress.w4a16_gemm_shuffled(x2d, qs, self._cuda_scales(x2d.dtype), zt,

@@ -43,6 +43,9 @@ int64_t argmax_row_f32(const float* x, int64_t n);
 // compress::dense_gemm: y = x W^T, float32 / bfloat16 W [N, K]; a few rows of x
 // (dense_gemm_small_rows) through the weight-streaming kernel, else at::mm.
 at::Tensor dense_gemm(const at::Tensor& x, const at::Tensor& w);
+// w4a16_gemm (float activations) on the same layout (w4a16_lanes.cpp).
+at::Tensor w4a16_gemm_lanes(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                            const at::Tensor& zeros, int64_t group_size);
 // w4a8_gemm on the weight-row-lane layout (w4a8_lanes.cpp, reference.w4a8_prepare_lanes):
 // qweight int32 [tiles, 2K], scale float32 and zeros uint8, both [K / group_size, N].
 at::Tensor w4a8_gemm_lanes(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
@@ -58,6 +61,8 @@ at::Tensor& w4a8_gemm_prepared_into(const at::Tensor& x, const at::Tensor& qweig
                                     const at::Tensor& zeros, int64_t group_size, at::Tensor& out);
 at::Tensor& w8a8_gemm_prepared_into(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& weight_scale,
                                     at::Tensor& out);
+at::Tensor& w4a16_gemm_lanes_into(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                                  const at::Tensor& zeros, int64_t group_size, at::Tensor& out);
 at::Tensor& w4a8_gemm_lanes_into(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                                  const at::Tensor& zeros, int64_t group_size, at::Tensor& out);
 at::Tensor& w8a8_outlier_gemm_prepared_into(const at::Tensor& x, const at::Tensor& qweight,
@@ -70,7 +75,7 @@ void add_rms_norm_into(const at::Tensor& x, const at::Tensor& residual, const at
 
 // One of a decoder layer's four linears as the DecodePlan runs it (decode_layer.cpp).
 struct DecodeLinear {
-  std::string scheme;  // w4a16_prepared, w4a8_prepared, w4a8_lanes, w8a8_prepared, llm_int8_prepared,
+  std::string scheme;  // w4a16_prepared, w4a8_prepared, w4a16_lanes, w4a8_lanes, w8a8_prepared, llm_int8_prepared,
                        // llm_int8_guarded_prepared or dense
   int64_t group_size = 0;
   const at::Tensor* w = nullptr;  // first of this linear's tensors, in a vector that outlives this

@@ -169,23 +169,32 @@ def test_fuse_linears_refuses_layers_that_cannot_share_a_call():
 
 
 @pytest.mark.skipif(not native_available("cpu"), reason="native CPU kernels not built")
-def test_int4_linear_tiles_for_the_cpu_kernel_and_restores_the_canonical_layout():
-    """prepare("native") replaces qweight by the CPU kernel's row tiling (no second copy);
-    preparing for the reference restores the canonical tensor, and both compute the same."""
+@pytest.mark.parametrize("lanes", [False, True], ids=["row-tiled", "lanes"])
+def test_int4_linear_tiles_for_the_cpu_kernel_and_restores_the_canonical_layout(lanes, monkeypatch):
+    """prepare("native") replaces qweight by the CPU kernel's layout (row tiling, or the
+    lanes layout where the CPU takes it; no second copy); preparing for the reference
+    restores the canonical tensors, and both compute the same."""
+    from compress.runtime import layers
+    monkeypatch.setattr(layers, "INT4_LANES", lanes)
+    if lanes and not layers.int4_lanes_wanted():
+        pytest.skip("the lanes layout is prepared on AVX-512 VNNI CPUs without AMX only")
     w = torch.randn(70, 128)
     q4, _ = rtn_int4(w, group=64)
     canonical = q4.tensors["qweight"].clone()
+    scales, zeros = q4.tensors["scales"].float().clone(), q4.tensors["zeros"].clone()
     layer = Int4Linear(**q4.tensors, group_size=64, in_features=128)
     x = torch.randn(3, 128)
     layer.prepare("native")
-    assert layer.qweight_tiled and not torch.equal(layer.qweight, canonical)
+    assert (layer.lanes_scales is not None) == lanes and layer.qweight_tiled != lanes
+    assert not torch.equal(layer.qweight, canonical)
     native = layer(x)
     fused = fuse_linears([layer, layer])  # fusing a prepared layer concatenates canonical rows
     fused.prepare("reference")
     torch.testing.assert_close(fused.qweight, torch.cat([canonical, canonical]), rtol=0, atol=0)
     layer.prepare("reference")
-    assert not layer.qweight_tiled
+    assert not layer.qweight_tiled and layer.lanes_scales is None
     torch.testing.assert_close(layer.qweight, canonical, rtol=0, atol=0)
+    assert torch.equal(layer.scales.float(), scales) and torch.equal(layer.zeros, zeros)
     reference = layer(x)
     assert sqnr_db(reference, native) > 35
     torch.testing.assert_close(fused(x), torch.cat([reference, reference], -1), rtol=1e-5, atol=1e-5)

@@ -64,7 +64,7 @@ def test_native_kernels_respect_the_choice(int4_llama, choice, scheme, monkeypat
     """The int4 layers hand the native decode step the chosen op (their decode_spec) and
     the native kernels give what the reference kernels give for the same choice (int8 on
     the row-tiled layout here; the lanes layout below)."""
-    monkeypatch.setattr(layers, "W4A8_LANES", False)
+    monkeypatch.setattr(layers, "INT4_LANES", False)
     ckpt, _ = int4_llama
     model = build_model(ckpt, w4_activations=choice)
     linears = [m for layer in model.layers for m in (layer.attn.qkv_proj, layer.attn.o_proj,
@@ -75,22 +75,23 @@ def test_native_kernels_respect_the_choice(int4_llama, choice, scheme, monkeypat
     assert relative_error(native, reference) < 1e-5
 
 
-@pytest.mark.skipif(not native_available("cpu") or not layers.w4a8_lanes_wanted(),
+@pytest.mark.skipif(not native_available("cpu") or not layers.int4_lanes_wanted(),
                     reason="the lanes layout is prepared on AVX-512 VNNI CPUs without AMX only")
-def test_int8_activations_take_the_lanes_layout_on_vnni(int4_llama, monkeypatch):
-    """On AVX-512 VNNI (no AMX) int8-activation int4 layers are prepared in the lanes
-    layout (decode_spec 'w4a8_lanes'), give the reference's logits and the row-tiled
-    kernels' within float rounding, and keep their canonical weights recoverable."""
+@pytest.mark.parametrize("choice,scheme", [("float", "w4a16_lanes"), ("int8", "w4a8_lanes")])
+def test_int4_layers_take_the_lanes_layout_on_vnni(int4_llama, monkeypatch, choice, scheme):
+    """On AVX-512 VNNI (no AMX) int4 layers are prepared in the lanes layout (decode_spec
+    'w4a16_lanes' / 'w4a8_lanes'), give the reference's logits and the row-tiled kernels'
+    within float rounding, and keep their canonical weights recoverable."""
     ckpt, _ = int4_llama
-    model = build_model(ckpt, w4_activations="int8")
+    model = build_model(ckpt, w4_activations=choice)
     linears = [m for layer in model.layers for m in (layer.attn.qkv_proj, layer.attn.o_proj,
                                                       layer.mlp.gate_up_proj, layer.mlp.down_proj)]
-    assert {m.decode_spec()[0] for m in linears} == {"w4a8_lanes"}
+    assert {m.decode_spec()[0] for m in linears} == {scheme}
     _, lanes = teacher_forced(model)
-    _, reference = teacher_forced(build_model(ckpt, kernels="reference", w4_activations="int8"))
+    _, reference = teacher_forced(build_model(ckpt, kernels="reference", w4_activations=choice))
     assert relative_error(lanes, reference) < 1e-5
-    monkeypatch.setattr(layers, "W4A8_LANES", False)
-    tiled_model = build_model(ckpt, w4_activations="int8")
+    monkeypatch.setattr(layers, "INT4_LANES", False)
+    tiled_model = build_model(ckpt, w4_activations=choice)
     _, tiled = teacher_forced(tiled_model)
     assert relative_error(lanes, tiled) < 1e-5
     tiled_linears = [m for layer in tiled_model.layers for m in (layer.attn.qkv_proj, layer.attn.o_proj,

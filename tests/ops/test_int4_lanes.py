@@ -1,4 +1,4 @@
-"""w4a8_gemm_lanes: int4 x int8-activation GEMM on the weight-row-lane layout
+"""w4a8_gemm_lanes / w4a16_gemm_lanes: int4 GEMMs (int8 / float activations) on the weight-row-lane layout
 (reference.w4a8_prepare_lanes, csrc/cpu/w4a8_lanes.cpp)."""
 from __future__ import annotations
 
@@ -126,3 +126,49 @@ def test_bad_arguments_name_what_is_wrong():
         op(x, q, scale, z.float(), 64)
     with pytest.raises(RuntimeError, match="tiles of 16 rows"):
         op(x, q[:1].contiguous(), scale, z, 64)
+
+
+# --- float activations (w4a16_gemm_lanes, csrc/cpu/w4a16_lanes.cpp) on the same layout ---
+
+@native
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9, 33])
+@pytest.mark.parametrize("n,k,group", [(37, 256, 32), (64, 512, 128), (21, 384, 8), (300, 1024, 128)])
+def test_float_lanes_op_matches_the_reference(m, n, k, group):
+    x, qweight, scales, zeros = _case(m, n, k, group, seed=m)
+    prepared = reference.w4a8_prepare_lanes(qweight, scales, zeros)
+    got = torch.ops.compress.w4a16_gemm_lanes(x, *prepared, group)
+    assert got.shape == (m, n) and got.dtype == torch.float32
+    assert sqnr_db(reference.w4a16_gemm(x, qweight, scales, zeros, group), got) > 100
+    assert torch.equal(reference.w4a16_gemm_lanes(x, *prepared, group), reference.w4a16_gemm(x, qweight, scales, zeros, group))
+
+
+@native
+def test_float_lanes_rows_threads_and_isa_do_not_change_a_row():
+    """Four partial sums per row and group in a fixed order: a row's bytes are the same
+    alone or in a batch (4-row tiles and their 3 / 2 / 1-row remainders), on one thread or
+    two, and on the scalar form below AVX-512."""
+    x, qweight, scales, zeros = _case(11, 45, 512, 64)
+    prepared = reference.w4a8_prepare_lanes(qweight, scales, zeros)
+    batch = torch.ops.compress.w4a16_gemm_lanes(x, *prepared, 64)
+    alone = torch.cat([torch.ops.compress.w4a16_gemm_lanes(x[i:i + 1], *prepared, 64) for i in range(11)])
+    assert torch.equal(batch, alone)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(torch.ops.compress.w4a16_gemm_lanes(x, *prepared, 64), batch)
+    finally:
+        torch.set_num_threads(threads)
+    for isa in ("avx2", "scalar"):
+        with ops.force_cpu_isa(isa):
+            assert torch.equal(torch.ops.compress.w4a16_gemm_lanes(x, *prepared, 64), batch)
+
+
+@native
+def test_float_lanes_half_activations_and_bad_groups():
+    x, qweight, scales, zeros = _case(3, 40, 256, 64, dtype=torch.bfloat16)
+    prepared = reference.w4a8_prepare_lanes(qweight, scales, zeros)
+    got = torch.ops.compress.w4a16_gemm_lanes(x, *prepared, 64)
+    assert got.dtype == torch.bfloat16
+    assert sqnr_db(reference.w4a16_gemm(x.float(), qweight, scales, zeros, 64), got.float()) > 40
+    with pytest.raises(RuntimeError, match="group_size must be a multiple of 8 dividing K"):
+        torch.ops.compress.w4a16_gemm_lanes(x.float(), prepared[0], prepared[1], prepared[2], 12)

@@ -1,0 +1,199 @@
+// compress::w4a16_gemm_lanes on CPU: w4a16_gemm (int4 weights x float activations, the
+// scheme's own numbers) on the weight-row-lane layout of w4a8_lanes.cpp
+// (reference.w4a8_prepare_lanes: per 16-row tile and 64-k chunk, word j of the 16 rows side
+// by side; fp32 scales and uint8 zero points [K/G, N]). Reference:
+// compress/ops/reference.py::w4a16_gemm_lanes.
+//
+// A zmm's lanes are 16 weight rows. One 64-byte load holds word j (8 nibbles, k = 8w ..
+// 8w + 7) of the tile's rows; per nibble a shift, an `and`, the subtraction of the rows'
+// zero points (int32) and a conversion give the exact integers u - z of 16 rows at one k
+// as fp32, and each activation row adds them times its x[k] (broadcast) with one FMA. As
+// the row-tiled float tiles do, a group's products are summed unscaled and multiplied by
+// the rows' scales once per group: y = sum_g s_g * sum_{k in g} x_k (u_k - z_g).
+// Every row keeps four partial sums per group (k mod 4), added as (0 + 1) + (2 + 3), in
+// the same order whatever rows share the call, so a row's result does not depend on its
+// batch mates, the thread count or the ISA level (the scalar form below runs the same
+// operations one lane at a time).
+#include <torch/library.h>
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "cpu/kernel_common.h"
+#include "cpu/ops.h"
+
+namespace compress_cpu {
+namespace {
+
+constexpr int64_t kLaneRows = 16;            // weight rows a tile
+constexpr int64_t kTileChunkBytes = 8 * 64;  // one 64-k chunk of a tile: 8 words x 16 rows
+constexpr int64_t kMaxRows = 4;              // activation rows a tile call (4 x 4 partial sums + 4 sums)
+constexpr int64_t kPrefetchAhead = 4096;     // bytes of the weight stream ahead (prefetcht0)
+constexpr int64_t kActBudget = 256 << 10;    // fp32 activation bytes a pass over the weights
+
+struct FloatLaneArgs {
+  int64_t M, N, K, G, NG, T;
+  const uint8_t* w;   // [T][K / 64][8][16] words
+  const float* s;     // [NG][N]
+  const uint8_t* z;   // [NG][N]
+  const float* x;     // [M][K] fp32
+  float* y;           // [M][N]
+};
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")
+template <int MT>
+void float_lanes_tile(const FloatLaneArgs& a, int64_t t, int64_t m0) {
+  const __m512i nib = _mm512_set1_epi32(0x0F);
+  const uint8_t* wt = a.w + t * (a.K / 64) * kTileChunkBytes;
+  const int64_t n0 = t * kLaneRows, cols = std::min<int64_t>(kLaneRows, a.N - n0);
+  const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1u);
+  const float* xr = a.x + m0 * a.K;
+  __m512 acc[MT];
+  for (int m = 0; m < MT; ++m) acc[m] = _mm512_setzero_ps();
+  const int64_t words = a.G / 8;
+  for (int64_t g = 0; g < a.NG; ++g) {
+    const __m512i zv = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, a.z + g * a.N + n0));
+    __m512 ag[MT][4];
+    for (int m = 0; m < MT; ++m)
+      for (int h = 0; h < 4; ++h) ag[m][h] = _mm512_setzero_ps();
+    for (int64_t w = g * words; w < (g + 1) * words; ++w) {
+      const uint8_t* wp = wt + (w >> 3) * kTileChunkBytes + (w & 7) * 64;
+      _mm_prefetch(reinterpret_cast<const char*>(wp + kPrefetchAhead), _MM_HINT_T0);
+      const __m512i raw = _mm512_loadu_si512(wp);
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) {
+        const __m512i u = _mm512_and_si512(i == 0 ? raw : _mm512_srli_epi32(raw, 4 * i), nib);
+        const __m512 d = _mm512_cvtepi32_ps(_mm512_sub_epi32(u, zv));
+        const int64_t k = 8 * w + i;
+        for (int m = 0; m < MT; ++m) ag[m][i & 3] = _mm512_fmadd_ps(d, _mm512_set1_ps(xr[m * a.K + k]), ag[m][i & 3]);
+      }
+    }
+    const __m512 sv = _mm512_maskz_loadu_ps(mask, a.s + g * a.N + n0);
+    for (int m = 0; m < MT; ++m)
+      acc[m] = _mm512_fmadd_ps(_mm512_add_ps(_mm512_add_ps(ag[m][0], ag[m][1]), _mm512_add_ps(ag[m][2], ag[m][3])), sv,
+                               acc[m]);
+  }
+  for (int m = 0; m < MT; ++m) _mm512_mask_storeu_ps(a.y + (m0 + m) * a.N + n0, mask, acc[m]);
+}
+
+void float_lanes_avx512(const FloatLaneArgs& a, int64_t t0, int64_t t1) {
+  for (int64_t t = t0; t < t1; ++t) {
+    if (t + 1 < a.T) {  // the next tile's scale and zero-point lines (N * 4 / N bytes apart)
+      const int64_t next = (t + 1) * kLaneRows;
+      for (int64_t g = 0; g < a.NG; ++g) {
+        _mm_prefetch(reinterpret_cast<const char*>(a.s + g * a.N + next), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(a.z + g * a.N + next), _MM_HINT_T0);
+      }
+    }
+    int64_t m = 0;
+    for (; m + kMaxRows <= a.M; m += kMaxRows) float_lanes_tile<kMaxRows>(a, t, m);
+    switch (a.M - m) {
+      case 3: float_lanes_tile<3>(a, t, m); break;
+      case 2: float_lanes_tile<2>(a, t, m); break;
+      case 1: float_lanes_tile<1>(a, t, m); break;
+      default: break;
+    }
+  }
+}
+#pragma GCC pop_options
+
+// Below AVX-512: the same operations in the same order, one lane at a time.
+void float_lanes_scalar(const FloatLaneArgs& a, int64_t t0, int64_t t1) {
+  const int64_t words = a.G / 8;
+  for (int64_t t = t0; t < t1; ++t) {
+    const uint8_t* wt = a.w + t * (a.K / 64) * kTileChunkBytes;
+    const int64_t n0 = t * kLaneRows, cols = std::min<int64_t>(kLaneRows, a.N - n0);
+    for (int64_t m = 0; m < a.M; ++m)
+      for (int64_t r = 0; r < cols; ++r) {
+        float acc = 0.f;
+        for (int64_t g = 0; g < a.NG; ++g) {
+          const int32_t z = a.z[g * a.N + n0 + r];
+          float ag[4] = {0.f, 0.f, 0.f, 0.f};
+          for (int64_t w = g * words; w < (g + 1) * words; ++w) {
+            uint32_t word;
+            std::memcpy(&word, wt + (w >> 3) * kTileChunkBytes + (w & 7) * 64 + r * 4, 4);
+            for (int i = 0; i < 8; ++i) {
+              const float d = static_cast<float>(static_cast<int32_t>((word >> (4 * i)) & 0x0F) - z);
+              ag[i & 3] = std::fma(d, a.x[m * a.K + 8 * w + i], ag[i & 3]);
+            }
+          }
+          acc = std::fma((ag[0] + ag[1]) + (ag[2] + ag[3]), a.s[g * a.N + n0 + r], acc);
+        }
+        a.y[m * a.N + n0 + r] = acc;
+      }
+  }
+}
+
+void check_float_lanes_args(const char* op, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                            const at::Tensor& zeros, int64_t G) {
+  TORCH_CHECK(x.dim() == 2 && x.device().is_cpu(), op, ": x must be a 2-D CPU tensor, got ", x.sizes());
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf, op,
+              ": x must be float32, bfloat16 or float16, got ", x.scalar_type());
+  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kInt && qweight.is_contiguous(), op,
+              ": qweight must be the contiguous int32 [tiles, K * 2] of reference.w4a8_prepare_lanes, got ",
+              qweight.scalar_type(), " ", qweight.sizes());
+  const int64_t K = x.size(1);
+  TORCH_CHECK(qweight.size(1) == 2 * K, op, ": qweight holds K = ", qweight.size(1) / 2, " a row, x has K = ", K);
+  TORCH_CHECK(K % 64 == 0, op, ": K must be a multiple of 64, got ", K);
+  TORCH_CHECK(G > 0 && G % 8 == 0 && K % G == 0, op, ": group_size must be a multiple of 8 dividing K, got ", G,
+              " for K = ", K);
+  TORCH_CHECK(scale.dim() == 2 && scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.size(0) == K / G,
+              op, ": scale must be the contiguous float32 [K / group_size, N] = [", K / G, ", N], got ",
+              scale.scalar_type(), " ", scale.sizes());
+  TORCH_CHECK(zeros.sizes() == scale.sizes() && zeros.scalar_type() == at::kByte && zeros.is_contiguous(), op,
+              ": zeros must be contiguous uint8 shaped like scale ", scale.sizes(), ", got ", zeros.scalar_type(), " ",
+              zeros.sizes());
+  TORCH_CHECK(qweight.size(0) == ceil_div(scale.size(1), kLaneRows), op, ": qweight has ", qweight.size(0),
+              " tiles of 16 rows, scale has N = ", scale.size(1));
+  TORCH_CHECK(qweight.device().is_cpu() && scale.device().is_cpu() && zeros.device().is_cpu(), op,
+              ": all tensors must be on the CPU");
+}
+
+at::Tensor float_lanes_run(const at::Tensor& x_in, const at::Tensor& qweight, const at::Tensor& scale,
+                           const at::Tensor& zeros, int64_t G, at::Tensor* out) {
+  const at::Tensor x = x_in.scalar_type() == at::kFloat ? x_in.contiguous() : x_in.to(at::kFloat).contiguous();
+  const int64_t M = x.size(0), K = x.size(1), N = scale.size(1);
+  at::Tensor y = out ? *out : at::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return out ? y : y.to(x_in.scalar_type());
+  FloatLaneArgs a{M, N, K, G, K / G, qweight.size(0), reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>()),
+                  scale.data_ptr<float>(), zeros.data_ptr<uint8_t>(), x.data_ptr<float>(), y.data_ptr<float>()};
+  const bool avx512 = active_isa() == Isa::Avx512Vnni;
+  // Passes of as many rows as keep their activations in L2; per pass, contiguous runs of
+  // tiles per thread (at few rows each thread streams one run of weights).
+  const int64_t rows_per_pass = std::max<int64_t>(kMaxRows, kActBudget / (4 * K) / kMaxRows * kMaxRows);
+  for (int64_t m0 = 0; m0 < M; m0 += rows_per_pass) {
+    FloatLaneArgs b = a;
+    b.M = std::min(rows_per_pass, M - m0), b.x = a.x + m0 * K, b.y = a.y + m0 * N;
+    at::parallel_for(0, a.T, 1, [&](int64_t t0, int64_t t1) {
+      if (avx512) float_lanes_avx512(b, t0, t1);
+      else float_lanes_scalar(b, t0, t1);
+    });
+  }
+  return out ? y : y.to(x_in.scalar_type());
+}
+
+}  // namespace
+
+at::Tensor w4a16_gemm_lanes(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                            const at::Tensor& zeros, int64_t group_size) {
+  check_float_lanes_args("w4a16_gemm_lanes", x, qweight, scale, zeros, group_size);
+  return float_lanes_run(x, qweight, scale, zeros, group_size, nullptr);
+}
+
+at::Tensor& w4a16_gemm_lanes_into(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                                  const at::Tensor& zeros, int64_t group_size, at::Tensor& out) {
+  check_float_lanes_args("w4a16_gemm_lanes_into", x, qweight, scale, zeros, group_size);
+  check_float_out("w4a16_gemm_lanes_into", x, scale.size(1), out);
+  float_lanes_run(x, qweight, scale, zeros, group_size, &out);
+  return out;
+}
+
+}  // namespace compress_cpu
+
+TORCH_LIBRARY_IMPL(compress, CPU, m) { m.impl("w4a16_gemm_lanes", &compress_cpu::w4a16_gemm_lanes); }
