@@ -26,12 +26,13 @@
 
 #include "cpu/kernel_common.h"
 #include "cpu/ops.h"
+#include "cpu/w4_lanes.h"
 
 namespace compress_cpu {
 namespace {
 
-constexpr int64_t kLaneRows = 16;            // weight rows a tile
-constexpr int64_t kTileChunkBytes = 8 * 64;  // one 64-k chunk of a tile: 8 words x 16 rows
+using lanes::kLaneRows;
+using lanes::kTileChunkBytes;
 constexpr int64_t kMaxRows = 4;              // activation rows a tile call (4 x 4 partial sums + 4 sums)
 constexpr int64_t kPrefetchAhead = 4096;     // bytes of the weight stream ahead (prefetcht0)
 constexpr int64_t kActBudget = 256 << 10;    // fp32 activation bytes a pass over the weights
@@ -84,13 +85,7 @@ void float_lanes_tile(const FloatLaneArgs& a, int64_t t, int64_t m0) {
 
 void float_lanes_avx512(const FloatLaneArgs& a, int64_t t0, int64_t t1) {
   for (int64_t t = t0; t < t1; ++t) {
-    if (t + 1 < a.T) {  // the next tile's scale and zero-point lines (N * 4 / N bytes apart)
-      const int64_t next = (t + 1) * kLaneRows;
-      for (int64_t g = 0; g < a.NG; ++g) {
-        _mm_prefetch(reinterpret_cast<const char*>(a.s + g * a.N + next), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(a.z + g * a.N + next), _MM_HINT_T0);
-      }
-    }
+    if (t + 1 < a.T) lanes::prefetch_tile_metadata(a.s, a.z, a.N, a.NG, (t + 1) * kLaneRows);
     int64_t m = 0;
     for (; m + kMaxRows <= a.M; m += kMaxRows) float_lanes_tile<kMaxRows>(a, t, m);
     switch (a.M - m) {
@@ -130,31 +125,6 @@ void float_lanes_scalar(const FloatLaneArgs& a, int64_t t0, int64_t t1) {
   }
 }
 
-void check_float_lanes_args(const char* op, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
-                            const at::Tensor& zeros, int64_t G) {
-  TORCH_CHECK(x.dim() == 2 && x.device().is_cpu(), op, ": x must be a 2-D CPU tensor, got ", x.sizes());
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf, op,
-              ": x must be float32, bfloat16 or float16, got ", x.scalar_type());
-  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kInt && qweight.is_contiguous(), op,
-              ": qweight must be the contiguous int32 [tiles, K * 2] of reference.w4a8_prepare_lanes, got ",
-              qweight.scalar_type(), " ", qweight.sizes());
-  const int64_t K = x.size(1);
-  TORCH_CHECK(qweight.size(1) == 2 * K, op, ": qweight holds K = ", qweight.size(1) / 2, " a row, x has K = ", K);
-  TORCH_CHECK(K % 64 == 0, op, ": K must be a multiple of 64, got ", K);
-  TORCH_CHECK(G > 0 && G % 8 == 0 && K % G == 0, op, ": group_size must be a multiple of 8 dividing K, got ", G,
-              " for K = ", K);
-  TORCH_CHECK(scale.dim() == 2 && scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.size(0) == K / G,
-              op, ": scale must be the contiguous float32 [K / group_size, N] = [", K / G, ", N], got ",
-              scale.scalar_type(), " ", scale.sizes());
-  TORCH_CHECK(zeros.sizes() == scale.sizes() && zeros.scalar_type() == at::kByte && zeros.is_contiguous(), op,
-              ": zeros must be contiguous uint8 shaped like scale ", scale.sizes(), ", got ", zeros.scalar_type(), " ",
-              zeros.sizes());
-  TORCH_CHECK(qweight.size(0) == ceil_div(scale.size(1), kLaneRows), op, ": qweight has ", qweight.size(0),
-              " tiles of 16 rows, scale has N = ", scale.size(1));
-  TORCH_CHECK(qweight.device().is_cpu() && scale.device().is_cpu() && zeros.device().is_cpu(), op,
-              ": all tensors must be on the CPU");
-}
-
 at::Tensor float_lanes_run(const at::Tensor& x_in, const at::Tensor& qweight, const at::Tensor& scale,
                            const at::Tensor& zeros, int64_t G, at::Tensor* out) {
   const at::Tensor x = x_in.scalar_type() == at::kFloat ? x_in.contiguous() : x_in.to(at::kFloat).contiguous();
@@ -164,17 +134,13 @@ at::Tensor float_lanes_run(const at::Tensor& x_in, const at::Tensor& qweight, co
   FloatLaneArgs a{M, N, K, G, K / G, qweight.size(0), reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>()),
                   scale.data_ptr<float>(), zeros.data_ptr<uint8_t>(), x.data_ptr<float>(), y.data_ptr<float>()};
   const bool avx512 = active_isa() == Isa::Avx512Vnni;
-  // Passes of as many rows as keep their activations in L2; per pass, contiguous runs of
-  // tiles per thread (at few rows each thread streams one run of weights).
-  const int64_t rows_per_pass = std::max<int64_t>(kMaxRows, kActBudget / (4 * K) / kMaxRows * kMaxRows);
-  for (int64_t m0 = 0; m0 < M; m0 += rows_per_pass) {
-    FloatLaneArgs b = a;
-    b.M = std::min(rows_per_pass, M - m0), b.x = a.x + m0 * K, b.y = a.y + m0 * N;
-    at::parallel_for(0, a.T, 1, [&](int64_t t0, int64_t t1) {
-      if (avx512) float_lanes_avx512(b, t0, t1);
-      else float_lanes_scalar(b, t0, t1);
-    });
-  }
+  lanes::for_passes(M, std::max<int64_t>(kMaxRows, kActBudget / (4 * K) / kMaxRows * kMaxRows), a.T,
+                    [&](int64_t m0, int64_t rows, int64_t t0, int64_t t1) {
+                      FloatLaneArgs b = a;
+                      b.M = rows, b.x = a.x + m0 * K, b.y = a.y + m0 * N;
+                      if (avx512) float_lanes_avx512(b, t0, t1);
+                      else float_lanes_scalar(b, t0, t1);
+                    });
   return out ? y : y.to(x_in.scalar_type());
 }
 
@@ -182,13 +148,13 @@ at::Tensor float_lanes_run(const at::Tensor& x_in, const at::Tensor& qweight, co
 
 at::Tensor w4a16_gemm_lanes(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                             const at::Tensor& zeros, int64_t group_size) {
-  check_float_lanes_args("w4a16_gemm_lanes", x, qweight, scale, zeros, group_size);
+  lanes::check_args("w4a16_gemm_lanes", x, qweight, scale, zeros, group_size, lanes::Groups::kWords);
   return float_lanes_run(x, qweight, scale, zeros, group_size, nullptr);
 }
 
 at::Tensor& w4a16_gemm_lanes_into(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                                   const at::Tensor& zeros, int64_t group_size, at::Tensor& out) {
-  check_float_lanes_args("w4a16_gemm_lanes_into", x, qweight, scale, zeros, group_size);
+  lanes::check_args("w4a16_gemm_lanes_into", x, qweight, scale, zeros, group_size, lanes::Groups::kWords);
   check_float_out("w4a16_gemm_lanes_into", x, scale.size(1), out);
   float_lanes_run(x, qweight, scale, zeros, group_size, &out);
   return out;

@@ -38,19 +38,6 @@ using namespace w4;
 std::atomic<bool> w4_shared_unpack{true};
 inline bool w4_shared_unpack_on() { return w4_shared_unpack.load(std::memory_order_relaxed); }
 
-void quantize_activations(const at::Tensor& x, int64_t G, int64_t KC, int8_t* xq, float* xs, float* xg) {
-  const int64_t M = x.size(0), K = x.size(1), NG = K / G;
-  const bool avx2 = active_isa() >= Isa::Avx2;
-  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
-    std::vector<float> buf(x.scalar_type() == at::kFloat ? 0 : K);
-    for (int64_t m = m0; m < m1; ++m) {
-      const float* row = x.scalar_type() == at::kFloat ? x.data_ptr<float>() + m * K : buf.data();
-      if (!buf.empty()) row_to_float(x, m, buf.data());
-      quantize_row(row, K, G, KC, avx2, xq + m * KC * kChunk, xs + m * KC * 8, xg + m * NG);
-    }
-  });
-}
-
 // ---- AVX2 ---------------------------------------------------------------------------
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
@@ -189,6 +176,19 @@ at::Tensor w4a8_run(const at::Tensor& x_in, const at::Tensor& qweight_in,
 }
 
 }  // namespace
+
+void w4::quantize_activations(const at::Tensor& x, int64_t G, int64_t KC, int8_t* xq, float* xs, float* xg) {
+  const int64_t M = x.size(0), K = x.size(1), NG = K / G;
+  const bool avx2 = active_isa() >= Isa::Avx2;
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    std::vector<float> buf(x.scalar_type() == at::kFloat ? 0 : K);
+    for (int64_t m = m0; m < m1; ++m) {
+      const float* row = x.scalar_type() == at::kFloat ? x.data_ptr<float>() + m * K : buf.data();
+      if (!buf.empty()) row_to_float(x, m, buf.data());
+      quantize_row(row, K, G, KC, avx2, xq + m * KC * kChunk, xs + m * KC * 8, xg + m * NG);
+    }
+  });
+}
 
 bool set_w4a8_shared_unpack(bool on) { return w4_shared_unpack.exchange(on); }
 

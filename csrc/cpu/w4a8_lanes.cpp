@@ -34,14 +34,15 @@
 #include "cpu/kernel_common.h"
 #include "cpu/ops.h"
 #include "cpu/w4a16_common.h"
+#include "cpu/w4a16_kernel.h"
+#include "cpu/w4_lanes.h"
 
 namespace compress_cpu {
 namespace {
 
 using namespace w4;
-
-constexpr int64_t kLaneRows = 16;                 // weight rows a tile (zmm int32 lanes)
-constexpr int64_t kTileChunkBytes = 8 * 64;       // one 64-k chunk of a tile: 8 words x 16 rows
+using lanes::kLaneRows;
+using lanes::kTileChunkBytes;
 constexpr int64_t kMaxRows = 8;                   // activation rows a tile call (16 zmm of sums)
 // Activation bytes a pass over the weights takes (rows of K int8): at 512-row prefill
 // steps 1.15x against one pass over all rows (K = 2816 rows had left L2); 128 / 512 KiB
@@ -120,16 +121,7 @@ void lanes_rest(const LaneArgs& a, int64_t t, int64_t m0, int64_t rows, std::int
 
 void lanes_vnni(const LaneArgs& a, int64_t t0, int64_t t1) {
   for (int64_t t = t0; t < t1; ++t) {
-    // The next tile's scales: a tile reads one line of each [NG, N] row, N * 4 bytes apart,
-    // a stride the hardware prefetcher does not follow (without this: 0.63-0.91x the
-    // row-tiled kernel at 1-16 rows instead of 0.95-1.74x).
-    if (t + 1 < a.T) {
-      const int64_t next = (t + 1) * kLaneRows;
-      for (int64_t g = 0; g < a.NG; ++g) {
-        _mm_prefetch(reinterpret_cast<const char*>(a.s + g * a.N + next), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(a.z + g * a.N + next), _MM_HINT_T0);
-      }
-    }
+    if (t + 1 < a.T) lanes::prefetch_tile_metadata(a.s, a.z, a.N, a.NG, (t + 1) * kLaneRows);
     int64_t m = 0;
     for (; m + kMaxRows <= a.M; m += kMaxRows) lanes_tile<kMaxRows>(a, t, m);
     if (m < a.M) lanes_rest(a, t, m, a.M - m, std::make_integer_sequence<int, kMaxRows - 1>{});
@@ -173,8 +165,36 @@ void lanes_scalar(const LaneArgs& a, int64_t t0, int64_t t1) {
   }
 }
 
-void check_lanes_args(const char* op, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
-                      const at::Tensor& zeros, int64_t G) {
+at::Tensor lanes_run(const at::Tensor& x_in, const at::Tensor& qweight, const at::Tensor& scale, const at::Tensor& zeros,
+                     int64_t G, at::Tensor* out) {
+  const at::Tensor x = x_in.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), N = scale.size(1), KC = K / kChunk, NG = K / G;
+  at::Tensor y = out ? *out : at::empty({M, N}, x.options().dtype(at::kFloat));
+  if (M == 0 || N == 0) return out ? y : float_to_activation_dtype(y, x.scalar_type());
+  const int64_t xq_bytes = M * KC * kChunk, xs_floats = M * KC * 8;
+  const Scratch work(Scratch::kW4, xq_bytes + 4 * (xs_floats + M * NG));
+  int8_t* xq = reinterpret_cast<int8_t*>(work.data());
+  float* xs = reinterpret_cast<float*>(work.data() + xq_bytes);
+  float* xg = xs + xs_floats;
+  quantize_activations(x, G, KC, xq, xs, xg);
+  const LaneArgs a{M, N, K, G, KC, NG, qweight.size(0), reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>()),
+                   scale.data_ptr<float>(), zeros.data_ptr<uint8_t>(), xq, xs, xg, y.data_ptr<float>()};
+  const bool vnni = active_isa() == Isa::Avx512Vnni;
+  lanes::for_passes(M, std::max<int64_t>(kMaxRows, kActBudget / K / kMaxRows * kMaxRows), a.T,
+                    [&](int64_t m0, int64_t rows, int64_t t0, int64_t t1) {
+                      LaneArgs b = a;
+                      b.M = rows, b.xq = a.xq + m0 * KC * kChunk, b.xs = a.xs + m0 * KC * 8, b.xg = a.xg + m0 * NG,
+                      b.y = a.y + m0 * N;
+                      if (vnni) lanes_vnni(b, t0, t1);
+                      else lanes_scalar(b, t0, t1);
+                    });
+  return out ? y : float_to_activation_dtype(y, x.scalar_type());
+}
+
+}  // namespace
+
+void lanes::check_args(const char* op, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                       const at::Tensor& zeros, int64_t G, Groups groups) {
   TORCH_CHECK(x.dim() == 2 && x.device().is_cpu(), op, ": x must be a 2-D CPU tensor, got ", x.sizes());
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf, op,
               ": x must be float32, bfloat16 or float16, got ", x.scalar_type());
@@ -184,8 +204,13 @@ void check_lanes_args(const char* op, const at::Tensor& x, const at::Tensor& qwe
   const int64_t K = x.size(1);
   TORCH_CHECK(qweight.size(1) == 2 * K, op, ": qweight holds K = ", qweight.size(1) / 2, " a row, x has K = ", K);
   TORCH_CHECK(K % kChunk == 0, op, ": K must be a multiple of 64, got ", K);
-  TORCH_CHECK(G > 0 && K % G == 0 && (G == kBlock || G % kChunk == 0), op,
-              ": group_size must divide K and be 32 or a multiple of 64, got ", G, " for K = ", K);
+  if (groups == Groups::kInt8Blocks) {
+    TORCH_CHECK(G > 0 && K % G == 0 && (G == kBlock || G % kChunk == 0), op,
+                ": group_size must divide K and be 32 or a multiple of 64, got ", G, " for K = ", K);
+  } else {
+    TORCH_CHECK(G > 0 && G % 8 == 0 && K % G == 0, op, ": group_size must be a multiple of 8 dividing K, got ", G,
+                " for K = ", K);
+  }
   TORCH_CHECK(scale.dim() == 2 && scale.scalar_type() == at::kFloat && scale.is_contiguous() &&
                   scale.size(0) == K / G,
               op, ": scale must be the contiguous float32 [K / group_size, N] = [", K / G, ", N], got ",
@@ -199,56 +224,15 @@ void check_lanes_args(const char* op, const at::Tensor& x, const at::Tensor& qwe
               ": all tensors must be on the CPU");
 }
 
-at::Tensor lanes_run(const at::Tensor& x_in, const at::Tensor& qweight, const at::Tensor& scale, const at::Tensor& zeros,
-                     int64_t G, at::Tensor* out) {
-  const at::Tensor x = x_in.contiguous();
-  const int64_t M = x.size(0), K = x.size(1), N = scale.size(1), KC = K / kChunk, NG = K / G;
-  at::Tensor y = out ? *out : at::empty({M, N}, x.options().dtype(at::kFloat));
-  if (M == 0 || N == 0) return out ? y : float_to_activation_dtype(y, x.scalar_type());
-  const int64_t xq_bytes = M * KC * kChunk, xs_floats = M * KC * 8;
-  const Scratch work(Scratch::kW4, xq_bytes + 4 * (xs_floats + M * NG));
-  int8_t* xq = reinterpret_cast<int8_t*>(work.data());
-  float* xs = reinterpret_cast<float*>(work.data() + xq_bytes);
-  float* xg = xs + xs_floats;
-  const bool avx2 = active_isa() >= Isa::Avx2;
-  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
-    std::vector<float> buf(x.scalar_type() == at::kFloat ? 0 : K);
-    for (int64_t m = m0; m < m1; ++m) {
-      const float* row = x.scalar_type() == at::kFloat ? x.data_ptr<float>() + m * K : buf.data();
-      if (!buf.empty()) row_to_float(x, m, buf.data());
-      quantize_row(row, K, G, KC, avx2, xq + m * KC * kChunk, xs + m * KC * 8, xg + m * NG);
-    }
-  });
-  const LaneArgs a{M, N, K, G, KC, NG, qweight.size(0), reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>()),
-                   scale.data_ptr<float>(), zeros.data_ptr<uint8_t>(), xq, xs, xg, y.data_ptr<float>()};
-  const bool vnni = active_isa() == Isa::Avx512Vnni;
-  // Passes over the weights of as many rows as keep their quantized activations in L2
-  // (every tile reads all of a pass's rows); per pass, contiguous runs of tiles per thread:
-  // at few rows each thread streams one run of weights.
-  const int64_t rows_per_pass = std::max<int64_t>(kMaxRows, kActBudget / K / kMaxRows * kMaxRows);
-  for (int64_t m0 = 0; m0 < M; m0 += rows_per_pass) {
-    LaneArgs b = a;
-    b.M = std::min(rows_per_pass, M - m0);
-    b.xq = a.xq + m0 * KC * kChunk, b.xs = a.xs + m0 * KC * 8, b.xg = a.xg + m0 * NG, b.y = a.y + m0 * N;
-    at::parallel_for(0, a.T, 1, [&](int64_t t0, int64_t t1) {
-      if (vnni) lanes_vnni(b, t0, t1);
-      else lanes_scalar(b, t0, t1);
-    });
-  }
-  return out ? y : float_to_activation_dtype(y, x.scalar_type());
-}
-
-}  // namespace
-
 at::Tensor w4a8_gemm_lanes(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                            const at::Tensor& zeros, int64_t group_size) {
-  check_lanes_args("w4a8_gemm_lanes", x, qweight, scale, zeros, group_size);
+  lanes::check_args("w4a8_gemm_lanes", x, qweight, scale, zeros, group_size, lanes::Groups::kInt8Blocks);
   return lanes_run(x, qweight, scale, zeros, group_size, nullptr);
 }
 
 at::Tensor& w4a8_gemm_lanes_into(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                                  const at::Tensor& zeros, int64_t group_size, at::Tensor& out) {
-  check_lanes_args("w4a8_gemm_lanes_into", x, qweight, scale, zeros, group_size);
+  lanes::check_args("w4a8_gemm_lanes_into", x, qweight, scale, zeros, group_size, lanes::Groups::kInt8Blocks);
   check_float_out("w4a8_gemm_lanes_into", x, scale.size(1), out);
   lanes_run(x, qweight, scale, zeros, group_size, &out);
   return out;
