@@ -23,8 +23,8 @@ SCHEMAS = {
     "w4a8_gemm_prepared": ("w4a8_gemm_prepared(Tensor x, Tensor qweight, Tensor scale, "
                            "Tensor zeros, int group_size) -> Tensor"),
     # the same on the weight-row-lane layout (reference.w4a8_prepare_lanes): the AVX-512 VNNI CPUs' form
-    "w4a8_gemm_lanes": "w4a8_gemm_lanes(Tensor x, Tensor qweight, Tensor scale, Tensor zeros, int group_size) -> Tensor",
-    "w4a16_gemm_lanes": "w4a16_gemm_lanes(Tensor x, Tensor qweight, Tensor scale, Tensor zeros, int group_size) -> Tensor",
+    "w4a8_gemm_lanes": "w4a8_gemm_lanes(Tensor x, Tensor qweight, Tensor scale, Tensor zeros, int group_size, int n) -> Tensor",
+    "w4a16_gemm_lanes": "w4a16_gemm_lanes(Tensor x, Tensor qweight, Tensor scale, Tensor zeros, int group_size, int n) -> Tensor",
     "w8a8_gemm": "w8a8_gemm(Tensor x, Tensor qweight, Tensor weight_scale) -> Tensor",
     "w8a8_outlier_gemm": ("w8a8_outlier_gemm(Tensor x, Tensor qweight, Tensor weight_scale, "
                           "Tensor outlier_idx, Tensor outlier_weight) -> Tensor"),
@@ -75,8 +75,8 @@ def _fake_gemm(x, qweight, *args, **kwargs):
     return x.new_empty((x.shape[0], qweight.shape[0]))
 
 
-def _fake_gemm_lanes(x, qweight, scale, zeros, group_size):
-    return x.new_empty((x.shape[0], scale.shape[1]))
+def _fake_gemm_lanes(x, qweight, scale, zeros, group_size, n):
+    return x.new_empty((x.shape[0], n))
 
 
 def _fake_quantize_per_token_int8(x):

@@ -178,8 +178,8 @@ def w4a8_gemm_prepared(x: torch.Tensor, qweight_tiled: torch.Tensor, scale: torc
 # runtime prepares an int8-activation int4 linear in on CPUs with AVX-512 VNNI: per tile
 # of 16 rows, per chunk of 64 k (8 words a row), per word j, the 16 rows' words j side by
 # side, so one 64-byte load holds a word of every row of the tile (rows past N are zero).
-# The group metadata is transposed, [K / group_size, N] (a tile's 16 scales or zero points
-# of a group are adjacent): fp32 scales, uint8 zero points.
+# The group metadata goes by tile too, [tiles, K / group_size, 16] (a tile's metadata is
+# contiguous): fp32 scales, uint8 zero points; the ops take N as an argument.
 W4_LANE_ROWS = 16
 
 
@@ -189,10 +189,18 @@ def w4a8_lanes_supported(k: int, group_size: int) -> bool:
     return k % 64 == 0 and w4a8_group_supported(group_size) and k % group_size == 0
 
 
+def _tiles_of_rows(t: torch.Tensor, tiles: int) -> torch.Tensor:
+    """``[N, G']`` -> ``[tiles, G', 16]``, rows past N zero."""
+    out = torch.zeros(tiles * W4_LANE_ROWS, t.shape[1], dtype=t.dtype, device=t.device)
+    out[:t.shape[0]] = t
+    return out.reshape(tiles, W4_LANE_ROWS, t.shape[1]).permute(0, 2, 1).contiguous()
+
+
 def w4a8_prepare_lanes(qweight: torch.Tensor, scales: torch.Tensor,
                        zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Canonical int32 ``[N, K/8]``, scales / zeros ``[N, K/G]`` -> the lanes form: int32
-    ``[ceil(N/16), 2K]`` (tile, chunk, word, row), fp32 scale and uint8 zeros ``[K/G, N]``."""
+    ``[ceil(N/16), 2K]`` (tile, chunk, word, row), fp32 scale and uint8 zeros
+    ``[ceil(N/16), K/G, 16]`` (rows past N zero)."""
     n, words = qweight.shape
     if (words * 8) % 64:
         raise ValueError(f"the lanes layout needs K divisible by 64, got K={words * 8}")
@@ -200,7 +208,8 @@ def w4a8_prepare_lanes(qweight: torch.Tensor, scales: torch.Tensor,
     q = torch.zeros(tiles * W4_LANE_ROWS, words, dtype=torch.int32, device=qweight.device)
     q[:n] = qweight
     q = q.reshape(tiles, W4_LANE_ROWS, words // 8, 8).permute(0, 2, 3, 1).reshape(tiles, words * W4_LANE_ROWS)
-    return q.contiguous(), scales.to(torch.float32).t().contiguous(), zeros.to(torch.uint8).t().contiguous()
+    return (q.contiguous(), _tiles_of_rows(scales.to(torch.float32), tiles),
+            _tiles_of_rows(zeros.to(torch.uint8), tiles))
 
 
 def w4a8_unprepare_lanes(q_lanes: torch.Tensor, n: int) -> torch.Tensor:
@@ -211,6 +220,11 @@ def w4a8_unprepare_lanes(q_lanes: torch.Tensor, n: int) -> torch.Tensor:
     return q[:n].contiguous()
 
 
+def lanes_metadata_rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """Inverse of the lanes form's scales / zeros: ``[tiles, K/G, 16]`` -> ``[n, K/G]``."""
+    return t.permute(0, 2, 1).reshape(-1, t.shape[1])[:n]
+
+
 def w4a16_lanes_supported(k: int, group_size: int) -> bool:
     """Whether the float-activation op takes a linear in the lanes layout
     (``w4a16_gemm_lanes``): K a multiple of 64, groups of whole words (8 k)."""
@@ -218,15 +232,17 @@ def w4a16_lanes_supported(k: int, group_size: int) -> bool:
 
 
 def w4a16_gemm_lanes(x: torch.Tensor, q_lanes: torch.Tensor, scale: torch.Tensor, zeros: torch.Tensor,
-                     group_size: int) -> torch.Tensor:
-    """:func:`w4a16_gemm` on :func:`w4a8_prepare_lanes`'s tensors."""
-    return w4a16_gemm(x, w4a8_unprepare_lanes(q_lanes, scale.shape[1]), scale.t(), zeros.t(), group_size)
+                     group_size: int, n: int) -> torch.Tensor:
+    """:func:`w4a16_gemm` on :func:`w4a8_prepare_lanes`'s tensors (``n`` outputs)."""
+    return w4a16_gemm(x, w4a8_unprepare_lanes(q_lanes, n), lanes_metadata_rows(scale, n),
+                      lanes_metadata_rows(zeros, n), group_size)
 
 
 def w4a8_gemm_lanes(x: torch.Tensor, q_lanes: torch.Tensor, scale: torch.Tensor, zeros: torch.Tensor,
-                    group_size: int) -> torch.Tensor:
-    """:func:`w4a8_gemm` on :func:`w4a8_prepare_lanes`'s tensors."""
-    return w4a8_gemm(x, w4a8_unprepare_lanes(q_lanes, scale.shape[1]), scale.t(), zeros.t(), group_size)
+                    group_size: int, n: int) -> torch.Tensor:
+    """:func:`w4a8_gemm` on :func:`w4a8_prepare_lanes`'s tensors (``n`` outputs)."""
+    return w4a8_gemm(x, w4a8_unprepare_lanes(q_lanes, n), lanes_metadata_rows(scale, n),
+                     lanes_metadata_rows(zeros, n), group_size)
 
 
 def quantize_per_token_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -470,7 +486,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 # the forms of a linear the native decode step (compress._C.DecodePlan, csrc/cpu/decode_layer.cpp)
 # takes, as the runtime's layers name them in decode_spec(), and how many tensors each brings
 # (llm_int8_guarded_prepared: the fifth is the spike guard's threshold, a 0-dim fp32 tensor)
-DECODE_LAYER_TENSORS = {"w4a16_prepared": 3, "w4a8_prepared": 3, "w4a8_lanes": 3, "w8a8_prepared": 2,
+DECODE_LAYER_TENSORS = {"w4a16_prepared": 3, "w4a8_prepared": 3, "w4a16_lanes": 4, "w4a8_lanes": 4, "w8a8_prepared": 2,
                         "llm_int8_prepared": 4, "llm_int8_guarded_prepared": 5, "dense": 1}
 
 

@@ -128,7 +128,7 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
     activations = DEFAULT_W4_ACTIVATIONS
     _tile, _untile = staticmethod(w4a16_tile_cpu), staticmethod(w4a16_untile_cpu)
 
-    lanes_scales = None  # (scale, zeros) [K/G, N] while qweight is in the lanes layout (w4a8_prepare_lanes)
+    lanes_scales = None  # (scale, zeros) [tiles, K/G, 16] while qweight is in the lanes layout (w4a8_prepare_lanes)
 
     def __init__(self, qweight, scales, zeros, group_size: int, in_features: int, bias=None):
         super().__init__(qweight.shape[0], in_features, bias)
@@ -158,7 +158,8 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
             if self.qweight_tiled:
                 self.qweight, self.qweight_tiled = self._untile(self.qweight), False
             self.qweight, *scales = w4a8_prepare_lanes(self.qweight.contiguous(), self.scales, self.zeros)
-            self._set_lanes_scales(tuple(scales))
+            self.lanes_scales = tuple(scales)
+            self.lanes_n = torch.tensor([self.out_features], dtype=torch.int64)
             return
         if self._retile(backend):
             self.cpu_scales = w4a16_prepare_cpu_scales(self.scales, self.zeros)
@@ -169,12 +170,6 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
                 and self.group_size % 16 == 0):
             self.cuda_layout = torch.ops.compress.w4a16_shuffle_for_cuda(
                 self.qweight, self.scales, self.zeros, self.group_size)
-
-    def _set_lanes_scales(self, lanes_scales: tuple[torch.Tensor, torch.Tensor]) -> None:
-        # the canonical [N, K/G] scales and zeros become views of the lanes layout's
-        # transposed tensors: one copy of the group metadata, not two
-        self.lanes_scales = lanes_scales
-        self.scales, self.zeros = lanes_scales[0].t(), lanes_scales[1].t()
 
     def _lanes_supported(self) -> bool:
         """Whether the lanes ops take this layer with its activations: int8 on its group
@@ -194,7 +189,7 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
     def relocate(self, place) -> None:
         self.qweight = place(self.qweight)
         if self.lanes_scales is not None:
-            self._set_lanes_scales(tuple(place(t) for t in self.lanes_scales))
+            self.lanes_scales = tuple(place(t) for t in self.lanes_scales)
             return
         if self.cpu_scales is None:
             self.scales, self.zeros = place(self.scales), place(self.zeros)
@@ -237,7 +232,7 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
             return None
         if self.lanes_scales is not None:
             scheme = "w4a8_lanes" if self._int8_lanes() else "w4a16_lanes"
-            return scheme, self.group_size, [self.qweight, *self.lanes_scales], self.bias
+            return scheme, self.group_size, [self.qweight, *self.lanes_scales, self.lanes_n], self.bias
         if self.cpu_scales is None:
             return None
         scheme = "w4a8_prepared" if self.activations == "int8" else "w4a16_prepared"
@@ -248,7 +243,7 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
         int8 = self.activations == "int8"
         if self.lanes_scales is not None:
             op = torch.ops.compress.w4a8_gemm_lanes if self._int8_lanes() else torch.ops.compress.w4a16_gemm_lanes
-            return op(x2d, self.qweight, *self.lanes_scales, self.group_size)
+            return op(x2d, self.qweight, *self.lanes_scales, self.group_size, self.out_features)
         if self.cuda_layout is not None and not int8 and x2d.dtype in (torch.float16, torch.bfloat16):
             qs, _, zt = self.cuda_layout
             return torch.ops.compress.w4a16_gemm_shuffled(x2d, qs, self._cuda_scales(x2d.dtype), zt,

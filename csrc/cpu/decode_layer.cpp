@@ -20,8 +20,9 @@
 //   w4a16_prepared:    qweight (row-tiled), scale (fp32), zeros (uint8): reference.w4a16_prepare_cpu
 //                      (float activations, w4a16_gemm_prepared)
 //   w4a8_prepared:     the same tensors, int8 activations per block of 32 (w4a8_gemm_prepared)
-//   w4a16_lanes:       qweight, scale, zeros in the weight-row-lane layout (reference.w4a8_prepare_lanes;
-//                      float activations, w4a16_gemm_lanes)
+//   w4a16_lanes:       qweight, scale, zeros in the weight-row-lane layout (reference.w4a8_prepare_lanes)
+//                      and the output features as a one-element int64 tensor (float activations,
+//                      w4a16_gemm_lanes)
 //   w4a8_lanes:        the same tensors, int8 activations (w4a8_gemm_lanes)
 //   w8a8_prepared:     qweight (row-tiled, reference.w8a8_tile_cpu), weight_scale
 //   llm_int8_prepared: the same plus outlier_idx, outlier_weight (static set)
@@ -43,8 +44,8 @@
 namespace compress_cpu {
 
 int64_t decode_linear_tensors(const std::string& scheme) {
-  if (scheme == "w4a16_prepared" || scheme == "w4a8_prepared" || scheme == "w4a16_lanes" || scheme == "w4a8_lanes")
-    return 3;
+  if (scheme == "w4a16_prepared" || scheme == "w4a8_prepared") return 3;
+  if (scheme == "w4a16_lanes" || scheme == "w4a8_lanes") return 4;
   if (scheme == "w8a8_prepared") return 2;
   if (scheme == "llm_int8_prepared") return 4;
   if (scheme == "llm_int8_guarded_prepared") return 5;
@@ -54,7 +55,17 @@ int64_t decode_linear_tensors(const std::string& scheme) {
               "llm_int8_guarded_prepared or dense");
 }
 
+// A lanes linear's output features (its fourth tensor).
+int64_t decode_lanes_n(const DecodeLinear& l) { return l.w[3].data_ptr<int64_t>()[0]; }
+
 void check_decode_linear(const DecodeLinear& l, const char* where) {
+  if (l.scheme == "w4a16_lanes" || l.scheme == "w4a8_lanes") {
+    const at::Tensor& t = l.w[3];
+    TORCH_CHECK(t.scalar_type() == at::kLong && t.numel() == 1 && t.device().is_cpu(), where, ": a ", l.scheme,
+                " linear's fourth tensor must be its output features as one int64 value, got ", t.scalar_type(), " ",
+                t.sizes());
+    return;
+  }
   if (l.scheme != "llm_int8_guarded_prepared") return;
   const at::Tensor& t = l.w[4];
   TORCH_CHECK(t.scalar_type() == at::kFloat && t.numel() == 1 && t.device().is_cpu(), where,
@@ -72,11 +83,11 @@ at::Tensor run_decode_linear(const DecodeLinear& l, const at::Tensor& x, at::Ten
     y = into ? w4a8_gemm_prepared_into(x, l.w[0], l.w[1], l.w[2], l.group_size, *out)
              : w4a8_gemm_prepared(x, l.w[0], l.w[1], l.w[2], l.group_size);
   else if (l.scheme == "w4a16_lanes")
-    y = into ? w4a16_gemm_lanes_into(x, l.w[0], l.w[1], l.w[2], l.group_size, *out)
-             : w4a16_gemm_lanes(x, l.w[0], l.w[1], l.w[2], l.group_size);
+    y = into ? w4a16_gemm_lanes_into(x, l.w[0], l.w[1], l.w[2], l.group_size, decode_lanes_n(l), *out)
+             : w4a16_gemm_lanes(x, l.w[0], l.w[1], l.w[2], l.group_size, decode_lanes_n(l));
   else if (l.scheme == "w4a8_lanes")
-    y = into ? w4a8_gemm_lanes_into(x, l.w[0], l.w[1], l.w[2], l.group_size, *out)
-             : w4a8_gemm_lanes(x, l.w[0], l.w[1], l.w[2], l.group_size);
+    y = into ? w4a8_gemm_lanes_into(x, l.w[0], l.w[1], l.w[2], l.group_size, decode_lanes_n(l), *out)
+             : w4a8_gemm_lanes(x, l.w[0], l.w[1], l.w[2], l.group_size, decode_lanes_n(l));
   else if (l.scheme == "w8a8_prepared")
     y = into ? w8a8_gemm_prepared_into(x, l.w[0], l.w[1], *out) : w8a8_gemm_prepared(x, l.w[0], l.w[1]);
   else if (l.scheme == "llm_int8_prepared" || l.scheme == "llm_int8_guarded_prepared") {
@@ -108,7 +119,7 @@ at::Tensor& layer_scratch(ScratchSlot slot, at::IntArrayRef sizes, const at::Ten
 at::Tensor linear_into_scratch(ScratchSlot slot, const DecodeLinear& l, const at::Tensor& x) {
   const bool f32 = x.scalar_type() == at::kFloat;
   // output features: the weight's rows, or the lanes layout's scale columns (its qweight holds 16-row tiles)
-  const int64_t n = l.scheme == "w4a8_lanes" || l.scheme == "w4a16_lanes" ? l.w[1].size(1) : l.w[0].size(0);
+  const int64_t n = l.scheme == "w4a8_lanes" || l.scheme == "w4a16_lanes" ? decode_lanes_n(l) : l.w[0].size(0);
   return run_decode_linear(l, x, f32 ? &layer_scratch(slot, {x.size(0), n}, x.options()) : nullptr);
 }
 

@@ -45,11 +45,11 @@ int64_t argmax_row_f32(const float* x, int64_t n);
 at::Tensor dense_gemm(const at::Tensor& x, const at::Tensor& w);
 // w4a16_gemm (float activations) on the same layout (w4a16_lanes.cpp).
 at::Tensor w4a16_gemm_lanes(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
-                            const at::Tensor& zeros, int64_t group_size);
+                            const at::Tensor& zeros, int64_t group_size, int64_t n);
 // w4a8_gemm on the weight-row-lane layout (w4a8_lanes.cpp, reference.w4a8_prepare_lanes):
-// qweight int32 [tiles, 2K], scale float32 and zeros uint8, both [K / group_size, N].
+// qweight int32 [tiles, 2K], scale float32 and zeros uint8 [tiles, K / group_size, 16], n outputs.
 at::Tensor w4a8_gemm_lanes(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
-                           const at::Tensor& zeros, int64_t group_size);
+                           const at::Tensor& zeros, int64_t group_size, int64_t n);
 bool dense_gemm_small_rows(const at::Tensor& x, const at::Tensor& w);
 
 // The same ops writing into caller-owned tensors (decode_layer reuses its intermediates
@@ -62,9 +62,9 @@ at::Tensor& w4a8_gemm_prepared_into(const at::Tensor& x, const at::Tensor& qweig
 at::Tensor& w8a8_gemm_prepared_into(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& weight_scale,
                                     at::Tensor& out);
 at::Tensor& w4a16_gemm_lanes_into(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
-                                  const at::Tensor& zeros, int64_t group_size, at::Tensor& out);
+                                  const at::Tensor& zeros, int64_t group_size, int64_t n, at::Tensor& out);
 at::Tensor& w4a8_gemm_lanes_into(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
-                                 const at::Tensor& zeros, int64_t group_size, at::Tensor& out);
+                                 const at::Tensor& zeros, int64_t group_size, int64_t n, at::Tensor& out);
 at::Tensor& w8a8_outlier_gemm_prepared_into(const at::Tensor& x, const at::Tensor& qweight,
                                             const at::Tensor& weight_scale, const at::Tensor& outlier_idx,
                                             const at::Tensor& outlier_weight, c10::optional<double> threshold,

@@ -59,7 +59,7 @@ void float_lanes_tile(const FloatLaneArgs& a, int64_t t, int64_t m0) {
   for (int m = 0; m < MT; ++m) acc[m] = _mm512_setzero_ps();
   const int64_t words = a.G / 8;
   for (int64_t g = 0; g < a.NG; ++g) {
-    const __m512i zv = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, a.z + g * a.N + n0));
+    const __m512i zv = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, a.z + (t * a.NG + g) * kLaneRows));
     __m512 ag[MT][4];
     for (int m = 0; m < MT; ++m)
       for (int h = 0; h < 4; ++h) ag[m][h] = _mm512_setzero_ps();
@@ -75,7 +75,7 @@ void float_lanes_tile(const FloatLaneArgs& a, int64_t t, int64_t m0) {
         for (int m = 0; m < MT; ++m) ag[m][i & 3] = _mm512_fmadd_ps(d, _mm512_set1_ps(xr[m * a.K + k]), ag[m][i & 3]);
       }
     }
-    const __m512 sv = _mm512_maskz_loadu_ps(mask, a.s + g * a.N + n0);
+    const __m512 sv = _mm512_maskz_loadu_ps(mask, a.s + (t * a.NG + g) * kLaneRows);
     for (int m = 0; m < MT; ++m)
       acc[m] = _mm512_fmadd_ps(_mm512_add_ps(_mm512_add_ps(ag[m][0], ag[m][1]), _mm512_add_ps(ag[m][2], ag[m][3])), sv,
                                acc[m]);
@@ -85,7 +85,7 @@ void float_lanes_tile(const FloatLaneArgs& a, int64_t t, int64_t m0) {
 
 void float_lanes_avx512(const FloatLaneArgs& a, int64_t t0, int64_t t1) {
   for (int64_t t = t0; t < t1; ++t) {
-    if (t + 1 < a.T) lanes::prefetch_tile_metadata(a.s, a.z, a.N, a.NG, (t + 1) * kLaneRows);
+    if (t + 1 < a.T) lanes::prefetch_tile_metadata(a.s, a.z, a.NG, t + 1);
     int64_t m = 0;
     for (; m + kMaxRows <= a.M; m += kMaxRows) float_lanes_tile<kMaxRows>(a, t, m);
     switch (a.M - m) {
@@ -108,7 +108,7 @@ void float_lanes_scalar(const FloatLaneArgs& a, int64_t t0, int64_t t1) {
       for (int64_t r = 0; r < cols; ++r) {
         float acc = 0.f;
         for (int64_t g = 0; g < a.NG; ++g) {
-          const int32_t z = a.z[g * a.N + n0 + r];
+          const int32_t z = a.z[(t * a.NG + g) * kLaneRows + r];
           float ag[4] = {0.f, 0.f, 0.f, 0.f};
           for (int64_t w = g * words; w < (g + 1) * words; ++w) {
             uint32_t word;
@@ -118,7 +118,7 @@ void float_lanes_scalar(const FloatLaneArgs& a, int64_t t0, int64_t t1) {
               ag[i & 3] = std::fma(d, a.x[m * a.K + 8 * w + i], ag[i & 3]);
             }
           }
-          acc = std::fma((ag[0] + ag[1]) + (ag[2] + ag[3]), a.s[g * a.N + n0 + r], acc);
+          acc = std::fma((ag[0] + ag[1]) + (ag[2] + ag[3]), a.s[(t * a.NG + g) * kLaneRows + r], acc);
         }
         a.y[m * a.N + n0 + r] = acc;
       }
@@ -126,9 +126,9 @@ void float_lanes_scalar(const FloatLaneArgs& a, int64_t t0, int64_t t1) {
 }
 
 at::Tensor float_lanes_run(const at::Tensor& x_in, const at::Tensor& qweight, const at::Tensor& scale,
-                           const at::Tensor& zeros, int64_t G, at::Tensor* out) {
+                           const at::Tensor& zeros, int64_t G, int64_t n, at::Tensor* out) {
   const at::Tensor x = x_in.scalar_type() == at::kFloat ? x_in.contiguous() : x_in.to(at::kFloat).contiguous();
-  const int64_t M = x.size(0), K = x.size(1), N = scale.size(1);
+  const int64_t M = x.size(0), K = x.size(1), N = n;
   at::Tensor y = out ? *out : at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return out ? y : y.to(x_in.scalar_type());
   FloatLaneArgs a{M, N, K, G, K / G, qweight.size(0), reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>()),
@@ -147,16 +147,16 @@ at::Tensor float_lanes_run(const at::Tensor& x_in, const at::Tensor& qweight, co
 }  // namespace
 
 at::Tensor w4a16_gemm_lanes(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
-                            const at::Tensor& zeros, int64_t group_size) {
-  lanes::check_args("w4a16_gemm_lanes", x, qweight, scale, zeros, group_size, lanes::Groups::kWords);
-  return float_lanes_run(x, qweight, scale, zeros, group_size, nullptr);
+                            const at::Tensor& zeros, int64_t group_size, int64_t n) {
+  lanes::check_args("w4a16_gemm_lanes", x, qweight, scale, zeros, group_size, n, lanes::Groups::kWords);
+  return float_lanes_run(x, qweight, scale, zeros, group_size, n, nullptr);
 }
 
 at::Tensor& w4a16_gemm_lanes_into(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
-                                  const at::Tensor& zeros, int64_t group_size, at::Tensor& out) {
-  lanes::check_args("w4a16_gemm_lanes_into", x, qweight, scale, zeros, group_size, lanes::Groups::kWords);
-  check_float_out("w4a16_gemm_lanes_into", x, scale.size(1), out);
-  float_lanes_run(x, qweight, scale, zeros, group_size, &out);
+                                  const at::Tensor& zeros, int64_t group_size, int64_t n, at::Tensor& out) {
+  lanes::check_args("w4a16_gemm_lanes_into", x, qweight, scale, zeros, group_size, n, lanes::Groups::kWords);
+  check_float_out("w4a16_gemm_lanes_into", x, n, out);
+  float_lanes_run(x, qweight, scale, zeros, group_size, n, &out);
   return out;
 }
 

@@ -103,9 +103,9 @@ void lanes_tile(const LaneArgs& a, int64_t t, int64_t m0) {
         ag[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[m]), _mm512_set1_ps(a.xs[(m0 + m) * lrow + c * 8 + half * 4]),
                                 ag[m]);
     }
-    const __m512 sv = _mm512_maskz_loadu_ps(mask, a.s + g * a.N + n0);
+    const __m512 sv = _mm512_maskz_loadu_ps(mask, a.s + (t * a.NG + g) * kLaneRows);
     // scale x zero point rounded to fp32, as the reference's product
-    const __m512 szv = _mm512_mul_ps(sv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, a.z + g * a.N + n0))));
+    const __m512 szv = _mm512_mul_ps(sv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, a.z + (t * a.NG + g) * kLaneRows))));
     for (int m = 0; m < MT; ++m) {
       acc[m] = _mm512_fmadd_ps(ag[m], sv, acc[m]);
       acc[m] = _mm512_fnmadd_ps(szv, _mm512_set1_ps(a.xg[(m0 + m) * a.NG + g]), acc[m]);
@@ -121,7 +121,7 @@ void lanes_rest(const LaneArgs& a, int64_t t, int64_t m0, int64_t rows, std::int
 
 void lanes_vnni(const LaneArgs& a, int64_t t0, int64_t t1) {
   for (int64_t t = t0; t < t1; ++t) {
-    if (t + 1 < a.T) lanes::prefetch_tile_metadata(a.s, a.z, a.N, a.NG, (t + 1) * kLaneRows);
+    if (t + 1 < a.T) lanes::prefetch_tile_metadata(a.s, a.z, a.NG, t + 1);
     int64_t m = 0;
     for (; m + kMaxRows <= a.M; m += kMaxRows) lanes_tile<kMaxRows>(a, t, m);
     if (m < a.M) lanes_rest(a, t, m, a.M - m, std::make_integer_sequence<int, kMaxRows - 1>{});
@@ -155,8 +155,8 @@ void lanes_scalar(const LaneArgs& a, int64_t t0, int64_t t1) {
             }
             ag = std::fma(static_cast<float>(d), a.xs[m * lrow + c * 8 + half * 4], ag);
           }
-          acc = std::fma(ag, a.s[g * a.N + n0 + r], acc);
-          const float sz = a.s[g * a.N + n0 + r] * static_cast<float>(a.z[g * a.N + n0 + r]);
+          acc = std::fma(ag, a.s[(t * a.NG + g) * kLaneRows + r], acc);
+          const float sz = a.s[(t * a.NG + g) * kLaneRows + r] * static_cast<float>(a.z[(t * a.NG + g) * kLaneRows + r]);
           acc = std::fma(-sz, a.xg[m * a.NG + g], acc);
         }
         a.y[m * a.N + n0 + r] = acc;
@@ -166,9 +166,9 @@ void lanes_scalar(const LaneArgs& a, int64_t t0, int64_t t1) {
 }
 
 at::Tensor lanes_run(const at::Tensor& x_in, const at::Tensor& qweight, const at::Tensor& scale, const at::Tensor& zeros,
-                     int64_t G, at::Tensor* out) {
+                     int64_t G, int64_t n, at::Tensor* out) {
   const at::Tensor x = x_in.contiguous();
-  const int64_t M = x.size(0), K = x.size(1), N = scale.size(1), KC = K / kChunk, NG = K / G;
+  const int64_t M = x.size(0), K = x.size(1), N = n, KC = K / kChunk, NG = K / G;
   at::Tensor y = out ? *out : at::empty({M, N}, x.options().dtype(at::kFloat));
   if (M == 0 || N == 0) return out ? y : float_to_activation_dtype(y, x.scalar_type());
   const int64_t xq_bytes = M * KC * kChunk, xs_floats = M * KC * 8;
@@ -194,7 +194,7 @@ at::Tensor lanes_run(const at::Tensor& x_in, const at::Tensor& qweight, const at
 }  // namespace
 
 void lanes::check_args(const char* op, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
-                       const at::Tensor& zeros, int64_t G, Groups groups) {
+                       const at::Tensor& zeros, int64_t G, int64_t n, Groups groups) {
   TORCH_CHECK(x.dim() == 2 && x.device().is_cpu(), op, ": x must be a 2-D CPU tensor, got ", x.sizes());
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf, op,
               ": x must be float32, bfloat16 or float16, got ", x.scalar_type());
@@ -211,30 +211,31 @@ void lanes::check_args(const char* op, const at::Tensor& x, const at::Tensor& qw
     TORCH_CHECK(G > 0 && G % 8 == 0 && K % G == 0, op, ": group_size must be a multiple of 8 dividing K, got ", G,
                 " for K = ", K);
   }
-  TORCH_CHECK(scale.dim() == 2 && scale.scalar_type() == at::kFloat && scale.is_contiguous() &&
-                  scale.size(0) == K / G,
-              op, ": scale must be the contiguous float32 [K / group_size, N] = [", K / G, ", N], got ",
-              scale.scalar_type(), " ", scale.sizes());
+  const int64_t tiles = qweight.size(0);
+  TORCH_CHECK(n > 0 && ceil_div(n, kLaneRows) == tiles, op, ": n = ", n, " output features do not make the ", tiles,
+              " tiles of 16 rows qweight holds");
+  TORCH_CHECK(scale.dim() == 3 && scale.scalar_type() == at::kFloat && scale.is_contiguous() &&
+                  scale.size(0) == tiles && scale.size(1) == K / G && scale.size(2) == kLaneRows,
+              op, ": scale must be the contiguous float32 [tiles, K / group_size, 16] = [", tiles, ", ", K / G,
+              ", 16], got ", scale.scalar_type(), " ", scale.sizes());
   TORCH_CHECK(zeros.sizes() == scale.sizes() && zeros.scalar_type() == at::kByte && zeros.is_contiguous(), op,
               ": zeros must be contiguous uint8 shaped like scale ", scale.sizes(), ", got ", zeros.scalar_type(), " ",
               zeros.sizes());
-  TORCH_CHECK(qweight.size(0) == ceil_div(scale.size(1), kLaneRows), op, ": qweight has ", qweight.size(0),
-              " tiles of 16 rows, scale has N = ", scale.size(1));
   TORCH_CHECK(qweight.device().is_cpu() && scale.device().is_cpu() && zeros.device().is_cpu(), op,
               ": all tensors must be on the CPU");
 }
 
 at::Tensor w4a8_gemm_lanes(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
-                           const at::Tensor& zeros, int64_t group_size) {
-  lanes::check_args("w4a8_gemm_lanes", x, qweight, scale, zeros, group_size, lanes::Groups::kInt8Blocks);
-  return lanes_run(x, qweight, scale, zeros, group_size, nullptr);
+                           const at::Tensor& zeros, int64_t group_size, int64_t n) {
+  lanes::check_args("w4a8_gemm_lanes", x, qweight, scale, zeros, group_size, n, lanes::Groups::kInt8Blocks);
+  return lanes_run(x, qweight, scale, zeros, group_size, n, nullptr);
 }
 
 at::Tensor& w4a8_gemm_lanes_into(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
-                                 const at::Tensor& zeros, int64_t group_size, at::Tensor& out) {
-  lanes::check_args("w4a8_gemm_lanes_into", x, qweight, scale, zeros, group_size, lanes::Groups::kInt8Blocks);
-  check_float_out("w4a8_gemm_lanes_into", x, scale.size(1), out);
-  lanes_run(x, qweight, scale, zeros, group_size, &out);
+                                 const at::Tensor& zeros, int64_t group_size, int64_t n, at::Tensor& out) {
+  lanes::check_args("w4a8_gemm_lanes_into", x, qweight, scale, zeros, group_size, n, lanes::Groups::kInt8Blocks);
+  check_float_out("w4a8_gemm_lanes_into", x, n, out);
+  lanes_run(x, qweight, scale, zeros, group_size, n, &out);
   return out;
 }
 

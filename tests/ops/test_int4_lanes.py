@@ -27,14 +27,18 @@ def test_prepare_round_trips_and_pads_rows(n, k):
     q, scale, z = reference.w4a8_prepare_lanes(qweight, scales, zeros)
     tiles = -(-n // 16)
     assert q.shape == (tiles, 2 * k) and q.dtype == torch.int32
-    assert scale.shape == z.shape == (k // 64, n) and scale.dtype == torch.float32 and z.dtype == torch.uint8
+    assert scale.shape == z.shape == (tiles, k // 64, 16) and scale.dtype == torch.float32 and z.dtype == torch.uint8
     assert torch.equal(reference.w4a8_unprepare_lanes(q, n), qweight)
     # word j of row r's chunk c sits at int32 ((c * 8 + j) * 16 + r) of its tile; padded rows are zero
     words = q.reshape(tiles, k // 64, 8, 16)
     assert torch.equal(words[0, 0, :, 0], qweight[0, :8])
     if n % 16:
         assert not words[-1, :, :, n % 16:].any()
-    assert torch.equal(scale, scales.float().t()) and torch.equal(z, zeros.t())
+    assert torch.equal(reference.lanes_metadata_rows(scale, n), scales.float())
+    assert torch.equal(reference.lanes_metadata_rows(z, n), zeros)
+    assert torch.equal(scale[0, :, 0], scales[0].float())
+    if n % 16:
+        assert not scale[-1, :, n % 16:].any() and not z[-1, :, n % 16:].any()
 
 
 def test_prepare_refuses_k_off_the_chunk():
@@ -51,9 +55,9 @@ def test_lanes_op_matches_the_reference(m, n, k, group):
     canonical tensors: the same integer dots, fp32 sums in another order."""
     x, qweight, scales, zeros = _case(m, n, k, group, seed=m)
     prepared = reference.w4a8_prepare_lanes(qweight, scales, zeros)
-    got = torch.ops.compress.w4a8_gemm_lanes(x, *prepared, group)
+    got = torch.ops.compress.w4a8_gemm_lanes(x, *prepared, group, qweight.shape[0])
     assert got.shape == (m, n) and got.dtype == torch.float32
-    ref = reference.w4a8_gemm_lanes(x, *prepared, group)
+    ref = reference.w4a8_gemm_lanes(x, *prepared, group, n)
     assert sqnr_db(ref, got) > 100
     assert sqnr_db(reference.w4a8_gemm(x, qweight, scales, zeros, group), got) > 100
 
@@ -64,10 +68,10 @@ def test_rows_past_one_pass_over_the_weights():
     run in passes; each row's result is the one it gets alone."""
     x, qweight, scales, zeros = _case(200, 40, 2048, 128)
     prepared = reference.w4a8_prepare_lanes(qweight, scales, zeros)
-    got = torch.ops.compress.w4a8_gemm_lanes(x, *prepared, 128)
+    got = torch.ops.compress.w4a8_gemm_lanes(x, *prepared, 128, qweight.shape[0])
     assert sqnr_db(reference.w4a8_gemm(x, qweight, scales, zeros, 128), got) > 100
     for i in (0, 127, 128, 199):
-        assert torch.equal(torch.ops.compress.w4a8_gemm_lanes(x[i:i + 1], *prepared, 128), got[i:i + 1])
+        assert torch.equal(torch.ops.compress.w4a8_gemm_lanes(x[i:i + 1], *prepared, 128, qweight.shape[0]), got[i:i + 1])
 
 
 @native
@@ -75,7 +79,7 @@ def test_rows_past_one_pass_over_the_weights():
 def test_half_activations_come_back_in_their_dtype(dtype):
     x, qweight, scales, zeros = _case(5, 40, 256, 64, dtype=dtype)
     prepared = reference.w4a8_prepare_lanes(qweight, scales, zeros)
-    got = torch.ops.compress.w4a8_gemm_lanes(x, *prepared, 64)
+    got = torch.ops.compress.w4a8_gemm_lanes(x, *prepared, 64, qweight.shape[0])
     assert got.dtype == dtype
     want = reference.w4a8_gemm(x.float(), qweight, scales, zeros, 64)
     assert sqnr_db(want, got.float()) > 40
@@ -87,23 +91,23 @@ def test_vnni_kernel_equals_the_scalar_lanes_bit_for_bit():
     compute the same sums in the same order."""
     x, qweight, scales, zeros = _case(11, 45, 512, 32)
     prepared = reference.w4a8_prepare_lanes(qweight, scales, zeros)
-    fast = torch.ops.compress.w4a8_gemm_lanes(x, *prepared, 32)
+    fast = torch.ops.compress.w4a8_gemm_lanes(x, *prepared, 32, qweight.shape[0])
     for isa in ("avx2", "scalar"):
         with ops.force_cpu_isa(isa):
-            assert torch.equal(torch.ops.compress.w4a8_gemm_lanes(x, *prepared, 32), fast)
+            assert torch.equal(torch.ops.compress.w4a8_gemm_lanes(x, *prepared, 32, qweight.shape[0]), fast)
 
 
 @native
 def test_a_row_does_not_depend_on_its_batch_or_the_threads():
     x, qweight, scales, zeros = _case(19, 70, 512, 128)
     prepared = reference.w4a8_prepare_lanes(qweight, scales, zeros)
-    batch = torch.ops.compress.w4a8_gemm_lanes(x, *prepared, 128)
-    alone = torch.cat([torch.ops.compress.w4a8_gemm_lanes(x[i:i + 1], *prepared, 128) for i in range(19)])
+    batch = torch.ops.compress.w4a8_gemm_lanes(x, *prepared, 128, qweight.shape[0])
+    alone = torch.cat([torch.ops.compress.w4a8_gemm_lanes(x[i:i + 1], *prepared, 128, qweight.shape[0]) for i in range(19)])
     assert torch.equal(batch, alone)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = torch.ops.compress.w4a8_gemm_lanes(x, *prepared, 128)
+        one = torch.ops.compress.w4a8_gemm_lanes(x, *prepared, 128, qweight.shape[0])
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(batch, one)
@@ -115,17 +119,17 @@ def test_bad_arguments_name_what_is_wrong():
     q, scale, z = reference.w4a8_prepare_lanes(qweight, scales, zeros)
     op = torch.ops.compress.w4a8_gemm_lanes
     with pytest.raises(RuntimeError, match="qweight holds K = 256 a row, x has K = 192"):
-        op(x[:, :192], q, scale, z, 64)
+        op(x[:, :192], q, scale, z, 64, 20)
     with pytest.raises(RuntimeError, match="group_size must divide K and be 32 or a multiple of 64"):
-        op(x, q, scale, z, 96)
-    with pytest.raises(RuntimeError, match=r"scale must be the contiguous float32 \[K / group_size, N\]"):
-        op(x, q, scale.t().contiguous(), z, 64)
+        op(x, q, scale, z, 96, 20)
+    with pytest.raises(RuntimeError, match=r"scale must be the contiguous float32 \[tiles, K / group_size, 16\]"):
+        op(x, q, scale.reshape(-1, 16).contiguous(), z, 64, 20)
     with pytest.raises(RuntimeError, match="zeros must be contiguous uint8 shaped like scale"):
-        op(x, q, scale, z[:, :5].contiguous(), 64)
+        op(x, q, scale, z[:, :2].contiguous(), 64, 20)
     with pytest.raises(RuntimeError, match="zeros must be contiguous uint8"):
-        op(x, q, scale, z.float(), 64)
-    with pytest.raises(RuntimeError, match="tiles of 16 rows"):
-        op(x, q[:1].contiguous(), scale, z, 64)
+        op(x, q, scale, z.float(), 64, 20)
+    with pytest.raises(RuntimeError, match="n = 40 output features do not make the 2 tiles"):
+        op(x, q, scale, z, 64, 40)
 
 
 # --- float activations (w4a16_gemm_lanes, csrc/cpu/w4a16_lanes.cpp) on the same layout ---
@@ -136,10 +140,10 @@ def test_bad_arguments_name_what_is_wrong():
 def test_float_lanes_op_matches_the_reference(m, n, k, group):
     x, qweight, scales, zeros = _case(m, n, k, group, seed=m)
     prepared = reference.w4a8_prepare_lanes(qweight, scales, zeros)
-    got = torch.ops.compress.w4a16_gemm_lanes(x, *prepared, group)
+    got = torch.ops.compress.w4a16_gemm_lanes(x, *prepared, group, qweight.shape[0])
     assert got.shape == (m, n) and got.dtype == torch.float32
     assert sqnr_db(reference.w4a16_gemm(x, qweight, scales, zeros, group), got) > 100
-    assert torch.equal(reference.w4a16_gemm_lanes(x, *prepared, group), reference.w4a16_gemm(x, qweight, scales, zeros, group))
+    assert torch.equal(reference.w4a16_gemm_lanes(x, *prepared, group, n), reference.w4a16_gemm(x, qweight, scales, zeros, group))
 
 
 @native
@@ -149,26 +153,26 @@ def test_float_lanes_rows_threads_and_isa_do_not_change_a_row():
     two, and on the scalar form below AVX-512."""
     x, qweight, scales, zeros = _case(11, 45, 512, 64)
     prepared = reference.w4a8_prepare_lanes(qweight, scales, zeros)
-    batch = torch.ops.compress.w4a16_gemm_lanes(x, *prepared, 64)
-    alone = torch.cat([torch.ops.compress.w4a16_gemm_lanes(x[i:i + 1], *prepared, 64) for i in range(11)])
+    batch = torch.ops.compress.w4a16_gemm_lanes(x, *prepared, 64, qweight.shape[0])
+    alone = torch.cat([torch.ops.compress.w4a16_gemm_lanes(x[i:i + 1], *prepared, 64, qweight.shape[0]) for i in range(11)])
     assert torch.equal(batch, alone)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert torch.equal(torch.ops.compress.w4a16_gemm_lanes(x, *prepared, 64), batch)
+        assert torch.equal(torch.ops.compress.w4a16_gemm_lanes(x, *prepared, 64, qweight.shape[0]), batch)
     finally:
         torch.set_num_threads(threads)
     for isa in ("avx2", "scalar"):
         with ops.force_cpu_isa(isa):
-            assert torch.equal(torch.ops.compress.w4a16_gemm_lanes(x, *prepared, 64), batch)
+            assert torch.equal(torch.ops.compress.w4a16_gemm_lanes(x, *prepared, 64, qweight.shape[0]), batch)
 
 
 @native
 def test_float_lanes_half_activations_and_bad_groups():
     x, qweight, scales, zeros = _case(3, 40, 256, 64, dtype=torch.bfloat16)
     prepared = reference.w4a8_prepare_lanes(qweight, scales, zeros)
-    got = torch.ops.compress.w4a16_gemm_lanes(x, *prepared, 64)
+    got = torch.ops.compress.w4a16_gemm_lanes(x, *prepared, 64, qweight.shape[0])
     assert got.dtype == torch.bfloat16
     assert sqnr_db(reference.w4a16_gemm(x.float(), qweight, scales, zeros, 64), got.float()) > 40
     with pytest.raises(RuntimeError, match="group_size must be a multiple of 8 dividing K"):
-        torch.ops.compress.w4a16_gemm_lanes(x.float(), prepared[0], prepared[1], prepared[2], 12)
+        torch.ops.compress.w4a16_gemm_lanes(x.float(), prepared[0], prepared[1], prepared[2], 12, 40)
