@@ -55,11 +55,13 @@ int64_t decode_linear_tensors(const std::string& scheme) {
               "llm_int8_guarded_prepared or dense");
 }
 
-// A lanes linear's output features (its fourth tensor).
+bool is_lanes(const DecodeLinear& l) { return l.scheme == "w4a16_lanes" || l.scheme == "w4a8_lanes"; }
+
+// A lanes linear's output features (its fourth tensor: its qweight holds whole 16-row tiles).
 int64_t decode_lanes_n(const DecodeLinear& l) { return l.w[3].data_ptr<int64_t>()[0]; }
 
 void check_decode_linear(const DecodeLinear& l, const char* where) {
-  if (l.scheme == "w4a16_lanes" || l.scheme == "w4a8_lanes") {
+  if (is_lanes(l)) {
     const at::Tensor& t = l.w[3];
     TORCH_CHECK(t.scalar_type() == at::kLong && t.numel() == 1 && t.device().is_cpu(), where, ": a ", l.scheme,
                 " linear's fourth tensor must be its output features as one int64 value, got ", t.scalar_type(), " ",
@@ -118,8 +120,7 @@ at::Tensor& layer_scratch(ScratchSlot slot, at::IntArrayRef sizes, const at::Ten
 // can write there (int4 / int8 weights, float32 x), else a new tensor.
 at::Tensor linear_into_scratch(ScratchSlot slot, const DecodeLinear& l, const at::Tensor& x) {
   const bool f32 = x.scalar_type() == at::kFloat;
-  // output features: the weight's rows, or the lanes layout's scale columns (its qweight holds 16-row tiles)
-  const int64_t n = l.scheme == "w4a8_lanes" || l.scheme == "w4a16_lanes" ? decode_lanes_n(l) : l.w[0].size(0);
+  const int64_t n = is_lanes(l) ? decode_lanes_n(l) : l.w[0].size(0);
   return run_decode_linear(l, x, f32 ? &layer_scratch(slot, {x.size(0), n}, x.options()) : nullptr);
 }
 

@@ -36,10 +36,17 @@ void run_panel_gemm(int64_t MB, int64_t act_bytes, int64_t chunk, int64_t panels
   }
 }
 
-// The int8-activation ops' quantizer over x [M, K] (any float dtype, rows in parallel):
-// w4::quantize_row per row into xq [M, KC * 64], the lane scales xs [M, KC * 8] and the
-// group sums xg [M, K / G] (w4a8_gemm.cpp; w4a8_lanes.cpp calls it too).
-void quantize_activations(const at::Tensor& x, int64_t G, int64_t KC, int8_t* xq, float* xs, float* xg);
+// x [M, K] (any float dtype) quantized for the int8-activation ops (w4a8_gemm.cpp,
+// w4a8_lanes.cpp): w4::quantize_row per row, in parallel, into one thread-local workspace
+// (a decode step makes ~100 of these calls): xq int8 [M, KC * 64] (permuted chunks), the
+// lane scales xs fp32 [M, KC * 8] and the group sums xg fp32 [M, K / G].
+struct QuantizedActivations {
+  QuantizedActivations(const at::Tensor& x, int64_t G, int64_t KC);
+  Scratch work;
+  int8_t* xq;
+  float* xs;
+  float* xg;
+};
 
 // Argument checks shared by the int4 entry points; errors name `op`.
 void check_args(const char* op, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,

@@ -1,7 +1,7 @@
 // compress::w4a16_gemm_lanes on CPU: w4a16_gemm (int4 weights x float activations, the
 // scheme's own numbers) on the weight-row-lane layout of w4a8_lanes.cpp
 // (reference.w4a8_prepare_lanes: per 16-row tile and 64-k chunk, word j of the 16 rows side
-// by side; fp32 scales and uint8 zero points [K/G, N]). Reference:
+// by side; fp32 scales and uint8 zero points [tiles, K/G, 16]). Reference:
 // compress/ops/reference.py::w4a16_gemm_lanes.
 //
 // A zmm's lanes are 16 weight rows. One 64-byte load holds word j (8 nibbles, k = 8w ..
@@ -32,16 +32,15 @@ namespace compress_cpu {
 namespace {
 
 using lanes::kLaneRows;
+using lanes::kPrefetchAhead;
 using lanes::kTileChunkBytes;
-constexpr int64_t kMaxRows = 4;              // activation rows a tile call (4 x 4 partial sums + 4 sums)
-constexpr int64_t kPrefetchAhead = 4096;     // bytes of the weight stream ahead (prefetcht0)
-constexpr int64_t kActBudget = 256 << 10;    // fp32 activation bytes a pass over the weights
+constexpr int64_t kMaxRows = 4;  // activation rows a tile call (4 x 4 partial sums + 4 sums)
 
 struct FloatLaneArgs {
   int64_t M, N, K, G, NG, T;
   const uint8_t* w;   // [T][K / 64][8][16] words
-  const float* s;     // [NG][N]
-  const uint8_t* z;   // [NG][N]
+  const float* s;     // [T][NG][16]
+  const uint8_t* z;   // [T][NG][16]
   const float* x;     // [M][K] fp32
   float* y;           // [M][N]
 };
@@ -130,18 +129,17 @@ at::Tensor float_lanes_run(const at::Tensor& x_in, const at::Tensor& qweight, co
   const at::Tensor x = x_in.scalar_type() == at::kFloat ? x_in.contiguous() : x_in.to(at::kFloat).contiguous();
   const int64_t M = x.size(0), K = x.size(1), N = n;
   at::Tensor y = out ? *out : at::empty({M, N}, x.options());
-  if (M == 0 || N == 0) return out ? y : y.to(x_in.scalar_type());
+  if (M == 0) return out ? y : float_to_activation_dtype(y, x_in.scalar_type());
   FloatLaneArgs a{M, N, K, G, K / G, qweight.size(0), reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>()),
                   scale.data_ptr<float>(), zeros.data_ptr<uint8_t>(), x.data_ptr<float>(), y.data_ptr<float>()};
   const bool avx512 = active_isa() == Isa::Avx512Vnni;
-  lanes::for_passes(M, std::max<int64_t>(kMaxRows, kActBudget / (4 * K) / kMaxRows * kMaxRows), a.T,
-                    [&](int64_t m0, int64_t rows, int64_t t0, int64_t t1) {
-                      FloatLaneArgs b = a;
-                      b.M = rows, b.x = a.x + m0 * K, b.y = a.y + m0 * N;
-                      if (avx512) float_lanes_avx512(b, t0, t1);
-                      else float_lanes_scalar(b, t0, t1);
-                    });
-  return out ? y : y.to(x_in.scalar_type());
+  lanes::for_passes(M, 4 * K, kMaxRows, a.T, [&](int64_t m0, int64_t rows, int64_t t0, int64_t t1) {
+    FloatLaneArgs b = a;
+    b.M = rows, b.x = a.x + m0 * K, b.y = a.y + m0 * N;
+    if (avx512) float_lanes_avx512(b, t0, t1);
+    else float_lanes_scalar(b, t0, t1);
+  });
+  return out ? y : float_to_activation_dtype(y, x_in.scalar_type());
 }
 
 }  // namespace

@@ -147,18 +147,10 @@ at::Tensor w4a8_run(const at::Tensor& x_in, const at::Tensor& qweight_in,
     return w4a8_run_amx(x, a, out);
   }
 #endif
-  // One workspace for the quantized activations (int8 [M, KC*64]), their lane scales
-  // (fp32 [M, KC*8]) and group sums (fp32 [M, NG]): a decode step makes ~100 of these calls.
-  const int64_t xq_bytes = M * KC * kChunk, xs_floats = M * KC * 8;
-  const Scratch work(Scratch::kW4, xq_bytes + 4 * (xs_floats + M * NG));
-  int8_t* xq = reinterpret_cast<int8_t*>(work.data());
-  float* xs = reinterpret_cast<float*>(work.data() + xq_bytes);  // xq_bytes % 64 == 0
-  float* xg = xs + xs_floats;
-  quantize_activations(x, G, KC, xq, xs, xg);
-
+  const QuantizedActivations q(x, G, KC);
   at::Tensor y = out ? *out : at::empty({M, N}, x.options().dtype(at::kFloat));
   W4Args a{M, N, K, G, KC, NG, N4, reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>()), s, z,
-           xq, xs, xg, y.data_ptr<float>()};
+           q.xq, q.xs, q.xg, y.data_ptr<float>()};
   if (active_isa() == Isa::Avx512Vnni && K % kChunk == 0 && M >= std::max<int64_t>(2, w4::panel_min_rows())) {
     w4_panel_gemm(a);
     return float_to_activation_dtype(y, x.scalar_type());
@@ -177,8 +169,12 @@ at::Tensor w4a8_run(const at::Tensor& x_in, const at::Tensor& qweight_in,
 
 }  // namespace
 
-void w4::quantize_activations(const at::Tensor& x, int64_t G, int64_t KC, int8_t* xq, float* xs, float* xg) {
+w4::QuantizedActivations::QuantizedActivations(const at::Tensor& x, int64_t G, int64_t KC)
+    : work(Scratch::kW4, x.size(0) * KC * (kChunk + 4 * 8) + 4 * x.size(0) * (x.size(1) / G)) {
   const int64_t M = x.size(0), K = x.size(1), NG = K / G;
+  xq = reinterpret_cast<int8_t*>(work.data());
+  xs = reinterpret_cast<float*>(work.data() + M * KC * kChunk);  // M * KC * 64 bytes: 64-aligned
+  xg = xs + M * KC * 8;
   const bool avx2 = active_isa() >= Isa::Avx2;
   at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
     std::vector<float> buf(x.scalar_type() == at::kFloat ? 0 : K);

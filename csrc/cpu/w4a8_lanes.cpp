@@ -42,21 +42,15 @@ namespace {
 
 using namespace w4;
 using lanes::kLaneRows;
+using lanes::kPrefetchAhead;
 using lanes::kTileChunkBytes;
-constexpr int64_t kMaxRows = 8;                   // activation rows a tile call (16 zmm of sums)
-// Activation bytes a pass over the weights takes (rows of K int8): at 512-row prefill
-// steps 1.15x against one pass over all rows (K = 2816 rows had left L2); 128 / 512 KiB
-// 1.09x / 1.11x; no change at 64-256 rows.
-constexpr int64_t kActBudget = 256 << 10;
-// Bytes of the weight stream a block prefetches ahead (prefetcht0; 1-8 KiB and an extra
-// prefetcht1 16-32 KiB ahead measured alike, in one process on the 345M model's shapes).
-constexpr int64_t kPrefetchAhead = 4096;
+constexpr int64_t kMaxRows = 8;  // activation rows a tile call (16 zmm of sums)
 
 struct LaneArgs {
   int64_t M, N, K, G, KC, NG, T;
   const uint8_t* w;   // [T][KC][8][16] words
-  const float* s;     // [NG][N]: the rows' group scales
-  const uint8_t* z;   // [NG][N]: zero points
+  const float* s;     // [T][NG][16]: the rows' group scales
+  const uint8_t* z;   // [T][NG][16]: zero points
   const int8_t* xq;   // [M][KC * 64], permuted chunks
   const float* xs;    // [M][KC * 8]: lane scales, block A x4 then block B x4 per chunk
   const float* xg;    // [M][NG]: X_g
@@ -170,24 +164,17 @@ at::Tensor lanes_run(const at::Tensor& x_in, const at::Tensor& qweight, const at
   const at::Tensor x = x_in.contiguous();
   const int64_t M = x.size(0), K = x.size(1), N = n, KC = K / kChunk, NG = K / G;
   at::Tensor y = out ? *out : at::empty({M, N}, x.options().dtype(at::kFloat));
-  if (M == 0 || N == 0) return out ? y : float_to_activation_dtype(y, x.scalar_type());
-  const int64_t xq_bytes = M * KC * kChunk, xs_floats = M * KC * 8;
-  const Scratch work(Scratch::kW4, xq_bytes + 4 * (xs_floats + M * NG));
-  int8_t* xq = reinterpret_cast<int8_t*>(work.data());
-  float* xs = reinterpret_cast<float*>(work.data() + xq_bytes);
-  float* xg = xs + xs_floats;
-  quantize_activations(x, G, KC, xq, xs, xg);
+  if (M == 0) return out ? y : float_to_activation_dtype(y, x.scalar_type());
+  const QuantizedActivations q(x, G, KC);
   const LaneArgs a{M, N, K, G, KC, NG, qweight.size(0), reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>()),
-                   scale.data_ptr<float>(), zeros.data_ptr<uint8_t>(), xq, xs, xg, y.data_ptr<float>()};
+                   scale.data_ptr<float>(), zeros.data_ptr<uint8_t>(), q.xq, q.xs, q.xg, y.data_ptr<float>()};
   const bool vnni = active_isa() == Isa::Avx512Vnni;
-  lanes::for_passes(M, std::max<int64_t>(kMaxRows, kActBudget / K / kMaxRows * kMaxRows), a.T,
-                    [&](int64_t m0, int64_t rows, int64_t t0, int64_t t1) {
-                      LaneArgs b = a;
-                      b.M = rows, b.xq = a.xq + m0 * KC * kChunk, b.xs = a.xs + m0 * KC * 8, b.xg = a.xg + m0 * NG,
-                      b.y = a.y + m0 * N;
-                      if (vnni) lanes_vnni(b, t0, t1);
-                      else lanes_scalar(b, t0, t1);
-                    });
+  lanes::for_passes(M, K, kMaxRows, a.T, [&](int64_t m0, int64_t rows, int64_t t0, int64_t t1) {
+    LaneArgs b = a;
+    b.M = rows, b.xq = a.xq + m0 * KC * kChunk, b.xs = a.xs + m0 * KC * 8, b.xg = a.xg + m0 * NG, b.y = a.y + m0 * N;
+    if (vnni) lanes_vnni(b, t0, t1);
+    else lanes_scalar(b, t0, t1);
+  });
   return out ? y : float_to_activation_dtype(y, x.scalar_type());
 }
 
