@@ -153,8 +153,9 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
         self.zeros = self.zeros.to(torch.uint8).contiguous()
         self.cpu_scales = None
         self.cuda_layout = self.cuda_scales = None
-        if (backend == "native" and self.qweight.device.type == "cpu" and self._lanes_supported()
-                and int4_lanes_wanted()):
+        # the float op's shapes include every one the int8 op takes
+        if (backend == "native" and self.qweight.device.type == "cpu"
+                and w4a16_lanes_supported(self.k_padded, self.group_size) and int4_lanes_wanted()):
             if self.qweight_tiled:
                 self.qweight, self.qweight_tiled = self._untile(self.qweight), False
             self.qweight, *scales = w4a8_prepare_lanes(self.qweight.contiguous(), self.scales, self.zeros)
@@ -165,20 +166,14 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
             self.cpu_scales = w4a16_prepare_cpu_scales(self.scales, self.zeros)
         # On CUDA the tensor-core kernel wants the weights in mma fragment order: shuffle
         # once at load time (kept beside the canonical tensors, never saved).
-        self.cuda_layout = self.cuda_scales = None
         if (backend == "native" and self.qweight.is_cuda and native_available("cuda")
                 and self.group_size % 16 == 0):
             self.cuda_layout = torch.ops.compress.w4a16_shuffle_for_cuda(
                 self.qweight, self.scales, self.zeros, self.group_size)
 
-    def _lanes_supported(self) -> bool:
-        """Whether the lanes ops take this layer with its activations: int8 on its group
-        sizes (32, multiples of 64; others run the float math, as the reference does)."""
-        if self.activations == "int8" and w4a8_lanes_supported(self.k_padded, self.group_size):
-            return True
-        return w4a16_lanes_supported(self.k_padded, self.group_size)
-
     def _int8_lanes(self) -> bool:
+        """Whether the lanes layer runs the int8-activation op: int8 on its group sizes (32,
+        multiples of 64); other sizes run the float math, as the reference does."""
         return self.activations == "int8" and w4a8_lanes_supported(self.k_padded, self.group_size)
 
     def canonical_qweight(self) -> torch.Tensor:
