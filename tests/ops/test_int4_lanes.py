@@ -11,8 +11,6 @@ from compress.ops import reference
 from int_weights import make_int4
 
 native = pytest.mark.skipif(not ops.native_available("cpu"), reason="native CPU kernels not built")
-vnni = pytest.mark.skipif(not ops.native_available("cpu") or "avx512_vnni" not in ops.cpu_isas_available(),
-                          reason="no AVX-512 VNNI on this CPU")
 
 
 def _case(m, n, k, group, seed=0, dtype=torch.float32):
@@ -85,32 +83,27 @@ def test_half_activations_come_back_in_their_dtype(dtype):
     assert sqnr_db(want, got.float()) > 40
 
 
-@vnni
-def test_vnni_kernel_equals_the_scalar_lanes_bit_for_bit():
-    """The AVX-512 VNNI tiles and the scalar fallback (CPUs below it, or a forced ISA)
-    compute the same sums in the same order."""
-    x, qweight, scales, zeros = _case(11, 45, 512, 32)
-    prepared = reference.w4a8_prepare_lanes(qweight, scales, zeros)
-    fast = torch.ops.compress.w4a8_gemm_lanes(x, *prepared, 32, qweight.shape[0])
-    for isa in ("avx2", "scalar"):
-        with ops.force_cpu_isa(isa):
-            assert torch.equal(torch.ops.compress.w4a8_gemm_lanes(x, *prepared, 32, qweight.shape[0]), fast)
-
-
 @native
-def test_a_row_does_not_depend_on_its_batch_or_the_threads():
-    x, qweight, scales, zeros = _case(19, 70, 512, 128)
+@pytest.mark.parametrize("op,m,n,group", [("w4a8", 11, 45, 32), ("w4a8", 19, 70, 128), ("w4a16", 11, 45, 64)])
+def test_a_row_does_not_depend_on_its_batch_the_threads_or_the_isa(op, m, n, group):
+    """Rows are computed independently in a fixed order (the float op keeps four partial
+    sums a row and group): a row's bytes are the same alone or in a batch (full tiles and
+    their remainders), on one thread or two, and on the scalar form below AVX-512 VNNI."""
+    gemm = getattr(torch.ops.compress, f"{op}_gemm_lanes")
+    x, qweight, scales, zeros = _case(m, n, 512, group)
     prepared = reference.w4a8_prepare_lanes(qweight, scales, zeros)
-    batch = torch.ops.compress.w4a8_gemm_lanes(x, *prepared, 128, qweight.shape[0])
-    alone = torch.cat([torch.ops.compress.w4a8_gemm_lanes(x[i:i + 1], *prepared, 128, qweight.shape[0]) for i in range(19)])
+    batch = gemm(x, *prepared, group, n)
+    alone = torch.cat([gemm(x[i:i + 1], *prepared, group, n) for i in range(m)])
     assert torch.equal(batch, alone)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = torch.ops.compress.w4a8_gemm_lanes(x, *prepared, 128, qweight.shape[0])
+        assert torch.equal(gemm(x, *prepared, group, n), batch)
     finally:
         torch.set_num_threads(threads)
-    assert torch.equal(batch, one)
+    for isa in ("avx2", "scalar"):
+        with ops.force_cpu_isa(isa):
+            assert torch.equal(gemm(x, *prepared, group, n), batch)
 
 
 @native
@@ -144,27 +137,6 @@ def test_float_lanes_op_matches_the_reference(m, n, k, group):
     assert got.shape == (m, n) and got.dtype == torch.float32
     assert sqnr_db(reference.w4a16_gemm(x, qweight, scales, zeros, group), got) > 100
     assert torch.equal(reference.w4a16_gemm_lanes(x, *prepared, group, n), reference.w4a16_gemm(x, qweight, scales, zeros, group))
-
-
-@native
-def test_float_lanes_rows_threads_and_isa_do_not_change_a_row():
-    """Four partial sums per row and group in a fixed order: a row's bytes are the same
-    alone or in a batch (4-row tiles and their 3 / 2 / 1-row remainders), on one thread or
-    two, and on the scalar form below AVX-512."""
-    x, qweight, scales, zeros = _case(11, 45, 512, 64)
-    prepared = reference.w4a8_prepare_lanes(qweight, scales, zeros)
-    batch = torch.ops.compress.w4a16_gemm_lanes(x, *prepared, 64, qweight.shape[0])
-    alone = torch.cat([torch.ops.compress.w4a16_gemm_lanes(x[i:i + 1], *prepared, 64, qweight.shape[0]) for i in range(11)])
-    assert torch.equal(batch, alone)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(torch.ops.compress.w4a16_gemm_lanes(x, *prepared, 64, qweight.shape[0]), batch)
-    finally:
-        torch.set_num_threads(threads)
-    for isa in ("avx2", "scalar"):
-        with ops.force_cpu_isa(isa):
-            assert torch.equal(torch.ops.compress.w4a16_gemm_lanes(x, *prepared, 64, qweight.shape[0]), batch)
 
 
 @native
