@@ -14,10 +14,10 @@ import sys
 from setuptools import setup
 
 
-def _arch_list_module():
-    """csrc/cuda/arch_list.py, loaded by path (the package itself is not importable here)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "cuda", "arch_list.py")
-    spec = importlib.util.spec_from_file_location("compress_cuda_arch_list", path)
+def _load_by_path(name, folder):
+    """csrc/<folder>/<name>.py, loaded by path (the package itself is not importable here)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", folder, name + ".py")
+    spec = importlib.util.spec_from_file_location("compress_build_" + name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -32,6 +32,8 @@ except ImportError:  # metadata-only builds
     torch = None
 
 if torch is not None:
+    # one C++ runtime with torch where the compiler has only a static libstdc++ (csrc/cpu/cxx_runtime.py)
+    libstdcxx_args = _load_by_path("cxx_runtime", "cpu").link_args_for(os.environ.get("CXX", "c++").split()[0])
     cpu_sources = sorted(glob.glob("csrc/cpu/*.cpp"))
     sanitize = os.environ.get("COMPRESS_SANITIZE", "")
     sanitize_flags = [f"-fsanitize={sanitize}", "-fno-omit-frame-pointer", "-g"] if sanitize else []
@@ -44,7 +46,7 @@ if torch is not None:
         # unaffected), so every ISA's scalar tails agree with each other, the reference's
         # rounding and the ISA emulation harness (tests/csrc/test_cpu_isa_emulation.py).
         extra_compile_args={"cxx": ["-O3", "-fopenmp", "-std=c++17", "-ffp-contract=off"] + sanitize_flags},
-        extra_link_args=["-fopenmp"] + sanitize_flags,
+        extra_link_args=["-fopenmp"] + sanitize_flags + libstdcxx_args,
     ))
     want_cuda = os.environ.get("COMPRESS_BUILD_CUDA", "auto")
     has_cuda = torch.version.cuda is not None and CUDA_HOME is not None
@@ -53,7 +55,7 @@ if torch is not None:
     build_cuda = want_cuda != "0" and has_cuda
     if build_cuda:
         # the kernels need sm_80+: older entries of TORCH_CUDA_ARCH_LIST are left out
-        build_cuda, arch_list, note = _arch_list_module().resolve_arch_list(
+        build_cuda, arch_list, note = _load_by_path("arch_list", "cuda").resolve_arch_list(
             os.environ.get("TORCH_CUDA_ARCH_LIST"), required=want_cuda == "1")
         if note:
             print(note, file=sys.stderr)
@@ -79,6 +81,7 @@ if torch is not None:
                              "-gencode=arch=compute_89,code=sm_89",
                              "-gencode=arch=compute_90,code=[sm_90,compute_90]"]),
                 },
+                extra_link_args=libstdcxx_args,
             ))
     cmdclass = {"build_ext": BuildExtension.with_options(use_ninja=True)}
 

@@ -92,8 +92,8 @@ void norm_rows(const T* x, const T* res, const T* w, T* y, T* sum_out, int64_t m
 
 // `residual`: add_rms_norm's, which must match x.
 void check(const char* op, const at::Tensor& x, const at::Tensor& w, const at::Tensor* residual = nullptr) {
-  TORCH_CHECK(x.dim() >= 1 && w.dim() == 1 && w.size(0) == x.size(-1), op, ": weight [", w.sizes(),
-              "] must match the last dim of x ", x.sizes());
+  TORCH_CHECK(x.dim() >= 1 && w.dim() == 1 && w.size(0) == x.size(-1), op, ": weight ", w.sizes(),
+              " must match the last dim of x ", x.sizes());
   TORCH_CHECK(w.scalar_type() == x.scalar_type(), op, ": weight dtype ", w.scalar_type(), " must equal x dtype ",
               x.scalar_type());
   TORCH_CHECK(residual == nullptr || (residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type()),

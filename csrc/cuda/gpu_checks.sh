@@ -70,12 +70,12 @@ for step in "${steps[@]}"; do
       ;;
     test)
       assert_cuda_ops || exit 1
-      $PY -m pytest -p no:cacheprovider -q --maxfail=30 tests/csrc/test_cuda_ops.py tests/runtime/test_cuda_runtime.py 2>&1 | tee "$LOG_DIR/test_cuda.log" | tail -40
+      $PY -m pytest -p no:cacheprovider -q --maxfail=30 tests/csrc/test_cuda_ops.py tests/runtime/test_cuda_runtime.py tests/runtime/test_cuda_graphs.py 2>&1 | tee "$LOG_DIR/test_cuda.log" | tail -40
       [ ${PIPESTATUS[0]} -ne 0 ] && status=1
       ;;
     cpu)
       if grep -q -w avx512_vnni /proc/cpuinfo; then
-        $PY -m pytest -p no:cacheprovider -q --maxfail=30 tests/ops tests/csrc/test_cpu_isa_emulation.py \
+        $PY -m pytest -p no:cacheprovider -q --maxfail=30 tests/ops tests/csrc/test_cpu_isa_emulation.py tests/csrc/test_cpu_cxx_runtime.py \
           2>&1 | tee "$LOG_DIR/test_cpu_vnni.log" | tail -25
         [ ${PIPESTATUS[0]} -ne 0 ] && status=1
       else
