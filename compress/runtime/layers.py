@@ -20,16 +20,22 @@ from compress.ops.reference import (w4a8_lanes_supported, w4a8_prepare_lanes, w4
                                     w4a16_untile_cpu, w8a8_outlier_gemm_guarded, w8a8_tile_cpu, w8a8_untile_cpu)
 
 # Whether int4 layers take the weight-row-lane layout (csrc/cpu/w4a8_lanes.cpp,
-# w4a16_lanes.cpp: zmm lanes = 16 weight rows) on CPUs with AVX-512 VNNI and no usable
-# AMX-BF16 (AMX keeps the row-tiled layout its many-row tiles read). Read at prepare();
-# False for timings of the row-tiled kernels.
+# w4a16_lanes.cpp: vector lanes = weight rows), read at prepare(); False for timings of the
+# row-tiled kernels. Its ops give a row the same bits whatever its batch mates, threads or
+# ISA level (the row-tiled ones differ by float rounding), so the float default takes it
+# on AVX2 and AVX-512 CPUs alike; int8 activations only on AVX-512 VNNI without usable
+# AMX-BF16 (below VNNI its op is scalar; AMX keeps the row-tiled layout its many-row bf16
+# tiles read).
 INT4_LANES = True
 
 
-def int4_lanes_wanted() -> bool:
-    """Whether this CPU runs int4 layers on the lanes layout."""
-    return (INT4_LANES and native_available("cpu") and cpu_isa() == "avx512_vnni"
-            and not w4a16_amx_available())
+def int4_lanes_wanted(activations: str = DEFAULT_W4_ACTIVATIONS) -> bool:
+    """Whether this CPU runs int4 layers with these activations on the lanes layout."""
+    if not (INT4_LANES and native_available("cpu")):
+        return False
+    if activations == "int8":
+        return cpu_isa() == "avx512_vnni" and not w4a16_amx_available()
+    return cpu_isa() in ("avx512_vnni", "avx2")
 
 class DenseLinear(nn.Module):
     scheme = "dense"
@@ -144,8 +150,8 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
 
     def prepare(self, backend: str = "native") -> None:
         # The CPU kernels want qweight row-tiled (_CpuTiledWeight) and fp32 scales with
-        # uint8 zeros, made once here rather than per call; on AVX-512 VNNI without AMX
-        # the lanes layout instead (int4_lanes_wanted).
+        # uint8 zeros, made once here rather than per call; where int4_lanes_wanted, the
+        # lanes layout instead.
         if self.lanes_scales is not None:
             self.qweight, self.lanes_scales = w4a8_unprepare_lanes(self.qweight, self.out_features), None
         super().prepare(backend)
@@ -155,7 +161,7 @@ class Int4Linear(_CpuTiledWeight, _OpLinear):
         self.cuda_layout = self.cuda_scales = None
         # the float op's shapes include every one the int8 op takes
         if (backend == "native" and self.qweight.device.type == "cpu"
-                and w4a16_lanes_supported(self.k_padded, self.group_size) and int4_lanes_wanted()):
+                and w4a16_lanes_supported(self.k_padded, self.group_size) and int4_lanes_wanted(self.activations)):
             if self.qweight_tiled:
                 self.qweight, self.qweight_tiled = self._untile(self.qweight), False
             self.qweight, *scales = w4a8_prepare_lanes(self.qweight.contiguous(), self.scales, self.zeros)

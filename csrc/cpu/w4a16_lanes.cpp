@@ -12,8 +12,8 @@
 // the rows' scales once per group: y = sum_g s_g * sum_{k in g} x_k (u_k - z_g).
 // Every row keeps four partial sums per group (k mod 4), added as (0 + 1) + (2 + 3), in
 // the same order whatever rows share the call, so a row's result does not depend on its
-// batch mates, the thread count or the ISA level (the scalar form below runs the same
-// operations one lane at a time).
+// batch mates, the thread count or the ISA level (the AVX2 form runs the same operations
+// on 8 lanes, the scalar form one lane at a time).
 #include <torch/library.h>
 
 #include <ATen/Parallel.h>
@@ -97,7 +97,68 @@ void float_lanes_avx512(const FloatLaneArgs& a, int64_t t0, int64_t t1) {
 }
 #pragma GCC pop_options
 
-// Below AVX-512: the same operations in the same order, one lane at a time.
+// AVX2 + FMA: the same operations on a tile's rows 0-7, then 8-15 (a ymm holds 8 lanes:
+// half of each 64-byte word line), up to 2 activation rows at once (16 ymm registers).
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+template <int MT>
+void float_lanes_half_avx2(const FloatLaneArgs& a, int64_t t, int64_t half, int64_t m0) {
+  const __m256i nib = _mm256_set1_epi32(0x0F);
+  const uint8_t* wt = a.w + t * (a.K / 64) * kTileChunkBytes + half * 32;
+  const int64_t n0 = t * kLaneRows + half * 8, cols = std::min<int64_t>(8, a.N - n0);
+  if (cols <= 0) return;
+  const float* xr = a.x + m0 * a.K;
+  __m256 acc[MT];
+  for (int m = 0; m < MT; ++m) acc[m] = _mm256_setzero_ps();
+  const int64_t words = a.G / 8;
+  for (int64_t g = 0; g < a.NG; ++g) {
+    const __m256i zv = _mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(a.z + (t * a.NG + g) * kLaneRows + half * 8)));
+    __m256 ag[MT][4];
+    for (int m = 0; m < MT; ++m)
+      for (int h = 0; h < 4; ++h) ag[m][h] = _mm256_setzero_ps();
+    for (int64_t w = g * words; w < (g + 1) * words; ++w) {
+      const uint8_t* wp = wt + (w >> 3) * kTileChunkBytes + (w & 7) * 64;
+      if (half == 0) _mm_prefetch(reinterpret_cast<const char*>(wp + kPrefetchAhead), _MM_HINT_T0);
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) {
+        const __m256i u = _mm256_and_si256(i == 0 ? raw : _mm256_srli_epi32(raw, 4 * i), nib);
+        const __m256 d = _mm256_cvtepi32_ps(_mm256_sub_epi32(u, zv));
+        const int64_t k = 8 * w + i;
+        for (int m = 0; m < MT; ++m) ag[m][i & 3] = _mm256_fmadd_ps(d, _mm256_broadcast_ss(xr + m * a.K + k), ag[m][i & 3]);
+      }
+    }
+    const __m256 sv = _mm256_loadu_ps(a.s + (t * a.NG + g) * kLaneRows + half * 8);
+    for (int m = 0; m < MT; ++m)
+      acc[m] = _mm256_fmadd_ps(_mm256_add_ps(_mm256_add_ps(ag[m][0], ag[m][1]), _mm256_add_ps(ag[m][2], ag[m][3])), sv,
+                               acc[m]);
+  }
+  for (int m = 0; m < MT; ++m) {
+    float* yr = a.y + (m0 + m) * a.N + n0;
+    if (cols == 8) {
+      _mm256_storeu_ps(yr, acc[m]);
+    } else {
+      alignas(32) float tmp[8];
+      _mm256_store_ps(tmp, acc[m]);
+      std::memcpy(yr, tmp, cols * sizeof(float));
+    }
+  }
+}
+
+void float_lanes_avx2(const FloatLaneArgs& a, int64_t t0, int64_t t1) {
+  for (int64_t t = t0; t < t1; ++t) {
+    if (t + 1 < a.T) lanes::prefetch_tile_metadata(a.s, a.z, a.NG, t + 1);
+    for (int64_t half = 0; half < 2; ++half) {
+      int64_t m = 0;
+      for (; m + 2 <= a.M; m += 2) float_lanes_half_avx2<2>(a, t, half, m);
+      if (m < a.M) float_lanes_half_avx2<1>(a, t, half, m);
+    }
+  }
+}
+#pragma GCC pop_options
+
+// Below AVX2: the same operations in the same order, one lane at a time.
 void float_lanes_scalar(const FloatLaneArgs& a, int64_t t0, int64_t t1) {
   const int64_t words = a.G / 8;
   for (int64_t t = t0; t < t1; ++t) {
@@ -132,11 +193,12 @@ at::Tensor float_lanes_run(const at::Tensor& x_in, const at::Tensor& qweight, co
   if (M == 0) return out ? y : float_to_activation_dtype(y, x_in.scalar_type());
   FloatLaneArgs a{M, N, K, G, K / G, qweight.size(0), reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>()),
                   scale.data_ptr<float>(), zeros.data_ptr<uint8_t>(), x.data_ptr<float>(), y.data_ptr<float>()};
-  const bool avx512 = active_isa() == Isa::Avx512Vnni;
+  const Isa isa = active_isa();
   lanes::for_passes(M, 4 * K, kMaxRows, a.T, [&](int64_t m0, int64_t rows, int64_t t0, int64_t t1) {
     FloatLaneArgs b = a;
     b.M = rows, b.x = a.x + m0 * K, b.y = a.y + m0 * N;
-    if (avx512) float_lanes_avx512(b, t0, t1);
+    if (isa == Isa::Avx512Vnni) float_lanes_avx512(b, t0, t1);
+    else if (isa == Isa::Avx2) float_lanes_avx2(b, t0, t1);
     else float_lanes_scalar(b, t0, t1);
   });
   return out ? y : float_to_activation_dtype(y, x_in.scalar_type());

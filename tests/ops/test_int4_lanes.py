@@ -130,7 +130,8 @@ def test_bad_arguments_name_what_is_wrong():
 @native
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9, 33])
 @pytest.mark.parametrize("n,k,group", [(37, 256, 32), (64, 512, 128), (21, 384, 8), (300, 1024, 128)])
-def test_float_lanes_op_matches_the_reference(m, n, k, group):
+def test_float_lanes_op_matches_the_reference(isa, m, n, k, group):
+    """On every ISA level (AVX-512, the AVX2 half tiles, scalar)."""
     x, qweight, scales, zeros = _case(m, n, k, group, seed=m)
     prepared = reference.w4a8_prepare_lanes(qweight, scales, zeros)
     got = torch.ops.compress.w4a16_gemm_lanes(x, *prepared, group, qweight.shape[0])

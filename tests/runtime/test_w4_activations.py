@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from compress.errors import UserError
-from compress.ops import native_available
+from compress.ops import cpu_isa, cpu_isas_available, force_cpu_isa, native_available
 from compress.runtime import LLM, layers
 from compress.runtime.models.llama import build_model
 
@@ -75,13 +75,15 @@ def test_native_kernels_respect_the_choice(int4_llama, choice, scheme, monkeypat
     assert relative_error(native, reference) < 1e-5
 
 
-@pytest.mark.skipif(not native_available("cpu") or not layers.int4_lanes_wanted(),
-                    reason="the lanes layout is prepared on AVX-512 VNNI CPUs without AMX only")
+@pytest.mark.skipif(not native_available("cpu"), reason="native CPU kernels not built")
 @pytest.mark.parametrize("choice,scheme", [("float", "w4a16_lanes"), ("int8", "w4a8_lanes")])
-def test_int4_layers_take_the_lanes_layout_on_vnni(int4_llama, monkeypatch, choice, scheme):
-    """On AVX-512 VNNI (no AMX) int4 layers are prepared in the lanes layout (decode_spec
-    'w4a16_lanes' / 'w4a8_lanes'), give the reference's logits and the row-tiled kernels'
-    within float rounding, and keep their canonical weights recoverable."""
+def test_int4_layers_take_the_lanes_layout(int4_llama, monkeypatch, choice, scheme):
+    """Where int4_lanes_wanted (float: AVX2 and AVX-512; int8: AVX-512 VNNI without AMX)
+    int4 layers are prepared in the lanes layout (decode_spec 'w4a16_lanes' / 'w4a8_lanes'),
+    give the reference's logits and the row-tiled kernels' within float rounding, and keep
+    their canonical weights recoverable."""
+    if not layers.int4_lanes_wanted(choice):
+        pytest.skip(f"this CPU runs int4 layers with {choice} activations on the row-tiled layout")
     ckpt, _ = int4_llama
     model = build_model(ckpt, w4_activations=choice)
     linears = [m for layer in model.layers for m in (layer.attn.qkv_proj, layer.attn.o_proj,
@@ -123,3 +125,26 @@ def test_float_activations_match_transformers_on_the_export(tmp_path, int4_llama
     ids, got = teacher_forced(llm.model)
     assert relative_error(got, hf_logits(hf, ids)) < 1e-5
     assert relative_error(llm.logits([ids])[0], hf(torch.tensor([ids])).logits[0].detach()) < 1e-5
+
+
+@pytest.mark.skipif(not native_available("cpu") or "avx2" not in cpu_isas_available(),
+                    reason="native CPU kernels not built, or no AVX2")
+def test_float_int4_on_avx2_takes_the_lanes_layout_and_the_avx512_bits(int4_llama):
+    """On an AVX2 CPU the float default runs the lanes layout too (int8 activations keep the
+    row-tiled layout there), and its logits are bit for bit those of the AVX-512 form: a
+    sequence decodes to the same bits on either machine, alone or batched."""
+    ckpt, _ = int4_llama
+    with force_cpu_isa("avx2"):
+        model = build_model(ckpt)
+        _, avx2 = teacher_forced(model)
+        int8_model = build_model(ckpt, w4_activations="int8")
+    assert {m.decode_spec()[0] for m in _int4_linears(model)} == {"w4a16_lanes"}
+    assert {m.decode_spec()[0] for m in _int4_linears(int8_model)} == {"w4a8_prepared"}
+    if cpu_isa() == "avx512_vnni":
+        _, avx512 = teacher_forced(model)
+        assert torch.equal(avx2, avx512)
+
+
+def _int4_linears(model):
+    return [m for layer in model.layers for m in (layer.attn.qkv_proj, layer.attn.o_proj,
+                                                  layer.mlp.gate_up_proj, layer.mlp.down_proj)]
