@@ -204,8 +204,11 @@ inline void qk_run(const float* qa, const float* qb, const Run& run, int64_t ks,
       ca = _mm256_fmadd_ps(_mm256_loadu_ps(qa + d), x, ca);
       if constexpr (TWO) cb = _mm256_fmadd_ps(_mm256_loadu_ps(qb + d), x, cb);
     }
-    sa[s] = hsum256_ps(ca);
-    if constexpr (TWO) sb[s] = hsum256_ps(cb);
+    // the 4-key reduction's tree (zero partners): every key's score sums its 8 lanes in
+    // one order, which the group kernel repeats per lane
+    const __m256 zero = _mm256_setzero_ps();
+    sa[s] = _mm_cvtss_f32(hsum4x256_ps(ca, zero, zero, zero));
+    if constexpr (TWO) sb[s] = _mm_cvtss_f32(hsum4x256_ps(cb, zero, zero, zero));
   }
   if (next) next->rest(S);
 }
@@ -343,21 +346,33 @@ int64_t item_runs(const Paged& a, const TKV* pool, int64_t s0, int64_t s1, int64
 }
 
 // softmax in place over S scores (vector exp of kernel_common.h)
+// p = exp(s - max) / sum: the exponentials by exp_nonpositive (a last partial 8 too), the
+// sum as 8 lanes of keys s mod 8 reduced by hsum256_ps, p = e * (1 / sum). The group
+// kernel repeats these operations per lane (attend_group_avx512).
 inline void softmax_row(float* sc, int64_t S) {
   float mx = -std::numeric_limits<float>::infinity();
   for (int64_t s = 0; s < S; ++s) mx = std::max(mx, sc[s]);
   const __m256 mxv = _mm256_set1_ps(mx);
   __m256 sum8 = _mm256_setzero_ps();
-  int64_t s = 0;
-  for (; s + 8 <= S; s += 8) {
-    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(sc + s), mxv));
-    _mm256_storeu_ps(sc + s, e);
+  for (int64_t s = 0; s < S; s += 8) {
+    const int64_t n = std::min<int64_t>(8, S - s);
+    alignas(32) float tail[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    const float* src = sc + s;
+    if (n < 8) {
+      std::fill(tail, tail + 8, -std::numeric_limits<float>::infinity());
+      std::copy(sc + s, sc + S, tail), src = tail;
+    }
+    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(src), mxv));   // -inf -> 0
+    if (n < 8) {
+      _mm256_store_ps(tail, e);
+      std::copy(tail, tail + n, sc + s);
+    } else {
+      _mm256_storeu_ps(sc + s, e);
+    }
     sum8 = _mm256_add_ps(sum8, e);
   }
-  float denom = hsum256_ps(sum8);
-  for (; s < S; ++s) denom += (sc[s] = std::exp(sc[s] - mx));
-  const float inv = 1.f / denom;
-  for (s = 0; s < S; ++s) sc[s] *= inv;
+  const float inv = 1.f / hsum256_ps(sum8);
+  for (int64_t s = 0; s < S; ++s) sc[s] *= inv;
 }
 
 // The first `S` rows of `runs` (a prefix of the same rows).

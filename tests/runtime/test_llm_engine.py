@@ -104,9 +104,8 @@ def test_int4_requests_get_their_tokens_alone(tokenizer, isa):
     also on the AVX2 kernels of an AVX-512 machine, each request's tokens and their
     logprobs are bit for bit the ones it gets alone: a row's bits never depend on what
     shares its GEMM (the row-tiled kernels differ in the last bits, which tokens alone
-    seldom show on a tiny model). Attention runs its per-row loops here: the AVX-512
-    kernel for a prompt chunk's rows (compress._C.set_paged_group_kernel) rounds
-    otherwise (within 1e-5), so on AVX-512 how a prompt is chunked moves the last bits."""
+    seldom show on a tiny model), nor on how its prompt was chunked (the AVX-512 attention
+    kernel for a chunk's rows runs the per-row loops' operations lane by lane)."""
     if isa not in cpu_isas_available() and isa != "native":
         pytest.skip(f"no {isa} here")
     ckpt, _ = quantized_pair("llama", "w4a16", len(tokenizer))
@@ -127,10 +126,7 @@ def test_int4_requests_get_their_tokens_alone(tokenizer, isa):
             step += 1
         return done
 
-    import compress._C as native
-    group_kernel = native.set_paged_group_kernel(False)
-    with contextlib.nullcontext() if isa == "native" else force_cpu_isa(isa), _finally(
-            lambda: native.set_paged_group_kernel(group_kernel)):
+    with contextlib.nullcontext() if isa == "native" else force_cpu_isa(isa):
         for seed in (0, 1):
             rng = random.Random(seed)
             reqs = [(rid, p, dataclasses.replace(sp, logprobs=0))
@@ -139,14 +135,6 @@ def test_int4_requests_get_their_tokens_alone(tokenizer, isa):
             got = scored(engine, reqs, [rng.randrange(0, 6) for _ in reqs])
             for rid, p, sp in reqs:
                 assert got[rid] == scored(engine_for(model, enable_prefix_caching=False), [(rid, p, sp)], [0])[rid]
-
-
-@contextlib.contextmanager
-def _finally(undo):
-    try:
-        yield
-    finally:
-        undo()
 
 
 def test_a_tiny_pool_preempts_and_still_gives_the_same_tokens(llm):
