@@ -5,12 +5,21 @@ failed or interrupted build leaves no library behind."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import subprocess
 from pathlib import Path
 from typing import Callable
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def load_build_module(folder: str, name: str):
+    """csrc/<folder>/<name>.py, loaded by path as setup.py loads it (not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "csrc" / folder / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def build_cached_library(name: str, inputs: list[Path], command: Callable[[Path], list[str]],

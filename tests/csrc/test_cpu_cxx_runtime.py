@@ -4,13 +4,12 @@ the extension does not carry a second C++ library (whose locale facets broke eve
 message with a number in it, and crashed on one lent machine)."""
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 
 import pytest
 
-from native_harness import REPO
+from native_harness import load_build_module
 
 MAPS = """7f00-7f10 r-xp 00000000 08:01 12 /usr/lib/x86_64-linux-gnu/libc.so.6
 7f20-7f30 r-xp 00000000 08:01 13 /opt/env/lib/libstdc++.so.6.0.33
@@ -20,10 +19,7 @@ MAPS = """7f00-7f10 r-xp 00000000 08:01 12 /usr/lib/x86_64-linux-gnu/libc.so.6
 
 @pytest.fixture(scope="module")
 def cxx_runtime():
-    spec = importlib.util.spec_from_file_location("cxx_runtime", REPO / "csrc" / "cpu" / "cxx_runtime.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_build_module("cpu", "cxx_runtime")
 
 
 def test_a_compiler_with_a_shared_libstdcxx_adds_nothing(cxx_runtime, tmp_path):

@@ -2,19 +2,15 @@
 sm_80+, so older architectures in the list are left out instead of failing the build."""
 from __future__ import annotations
 
-import importlib.util
 
 import pytest
 
-from native_harness import REPO
+from native_harness import load_build_module
 
 
 @pytest.fixture(scope="module")
 def arch_list():
-    spec = importlib.util.spec_from_file_location("arch_list", REPO / "csrc" / "cuda" / "arch_list.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_build_module("cuda", "arch_list")
 
 
 @pytest.mark.parametrize("value,kept,dropped", [
