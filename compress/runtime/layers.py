@@ -22,20 +22,17 @@ from compress.ops.reference import (w4a8_lanes_supported, w4a8_prepare_lanes, w4
 # Whether int4 layers take the weight-row-lane layout (csrc/cpu/w4a8_lanes.cpp,
 # w4a16_lanes.cpp: vector lanes = weight rows), read at prepare(); False for timings of the
 # row-tiled kernels. Its ops give a row the same bits whatever its batch mates, threads or
-# ISA level (the row-tiled ones differ by float rounding), so the float default takes it
-# on AVX2 and AVX-512 CPUs alike; int8 activations only on AVX-512 VNNI without usable
-# AMX-BF16 (below VNNI its op is scalar; AMX keeps the row-tiled layout its many-row bf16
-# tiles read).
+# ISA level (the row-tiled ones differ by float rounding), so int4 layers take it on AVX2
+# and AVX-512 CPUs, except int8 activations on CPUs with usable AMX-BF16 (they keep the
+# row-tiled layout that their many-row bf16 tiles read).
 INT4_LANES = True
 
 
 def int4_lanes_wanted(activations: str = DEFAULT_W4_ACTIVATIONS) -> bool:
     """Whether this CPU runs int4 layers with these activations on the lanes layout."""
-    if not (INT4_LANES and native_available("cpu")):
+    if not (INT4_LANES and native_available("cpu")) or cpu_isa() not in ("avx512_vnni", "avx2"):
         return False
-    if activations == "int8":
-        return cpu_isa() == "avx512_vnni" and not w4a16_amx_available()
-    return cpu_isa() in ("avx512_vnni", "avx2")
+    return activations != "int8" or not w4a16_amx_available()
 
 class DenseLinear(nn.Module):
     scheme = "dense"

@@ -123,8 +123,85 @@ void lanes_vnni(const LaneArgs& a, int64_t t0, int64_t t1) {
 }
 #pragma GCC pop_options
 
-// Below the AVX-512 VNNI level (a forced ISA, or a CPU the runtime would not prepare this
-// layout for): the same sums in the same order, one lane at a time.
+// AVX2: a tile's rows 0-7, then 8-15 (a ymm holds 8 lanes, half of each 64-byte word
+// line), up to 2 activation rows at once. vpmaddubsw + vpmaddwd give each lane the
+// integer dot vpdpbusd gives (4 x u4 x s8: no saturation), then the same float operations.
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+template <int MT>
+void lanes_half_avx2(const LaneArgs& a, int64_t t, int64_t hf, int64_t m0) {
+  const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const int64_t bpg = a.G / kBlock, xrow = a.KC * kChunk, lrow = a.KC * 8;
+  const uint8_t* wt = a.w + t * a.KC * kTileChunkBytes + hf * 32;
+  const int64_t n0 = t * kLaneRows + hf * 8, cols = std::min<int64_t>(8, a.N - n0);
+  if (cols <= 0) return;
+  __m256 acc[MT];
+  for (int m = 0; m < MT; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < a.NG; ++g) {
+    __m256 ag[MT];
+    for (int m = 0; m < MT; ++m) ag[m] = _mm256_setzero_ps();
+    for (int64_t b = g * bpg; b < (g + 1) * bpg; ++b) {
+      const int64_t c = b >> 1, half = b & 1;
+      const uint8_t* wb = wt + c * kTileChunkBytes + half * 256;  // words 4 half .. 4 half + 3
+      if (hf == 0)
+        for (int l = 0; l < 4; ++l) _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchAhead + 64 * l), _MM_HINT_T0);
+      __m256i d[MT];
+      for (int m = 0; m < MT; ++m) d[m] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+      for (int jj = 0; jj < 4; ++jj) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * jj));
+        const __m256i lo = _mm256_and_si256(raw, nib);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nib);
+        const int64_t j = 4 * half + jj;
+        for (int m = 0; m < MT; ++m) {
+          const int8_t* xp = a.xq + (m0 + m) * xrow + c * kChunk;
+          int32_t even, odd;
+          std::memcpy(&even, xp + 4 * j, 4);
+          std::memcpy(&odd, xp + 32 + 4 * j, 4);
+          const __m256i pe = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(even));
+          const __m256i po = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(odd));
+          d[m] = _mm256_add_epi32(d[m], _mm256_madd_epi16(_mm256_add_epi16(pe, po), ones));
+        }
+      }
+      for (int m = 0; m < MT; ++m)
+        ag[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d[m]), _mm256_set1_ps(a.xs[(m0 + m) * lrow + c * 8 + half * 4]),
+                                ag[m]);
+    }
+    const __m256 sv = _mm256_loadu_ps(a.s + (t * a.NG + g) * kLaneRows + hf * 8);
+    // scale x zero point rounded to fp32, as the reference's product
+    const __m256 szv = _mm256_mul_ps(sv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(a.z + (t * a.NG + g) * kLaneRows + hf * 8)))));
+    for (int m = 0; m < MT; ++m) {
+      acc[m] = _mm256_fmadd_ps(ag[m], sv, acc[m]);
+      acc[m] = _mm256_fnmadd_ps(szv, _mm256_set1_ps(a.xg[(m0 + m) * a.NG + g]), acc[m]);
+    }
+  }
+  for (int m = 0; m < MT; ++m) {
+    float* yr = a.y + (m0 + m) * a.N + n0;
+    if (cols == 8) {
+      _mm256_storeu_ps(yr, acc[m]);
+    } else {
+      alignas(32) float tmp[8];
+      _mm256_store_ps(tmp, acc[m]);
+      std::memcpy(yr, tmp, cols * sizeof(float));
+    }
+  }
+}
+
+void lanes_avx2(const LaneArgs& a, int64_t t0, int64_t t1) {
+  for (int64_t t = t0; t < t1; ++t) {
+    if (t + 1 < a.T) lanes::prefetch_tile_metadata(a.s, a.z, a.NG, t + 1);
+    for (int64_t hf = 0; hf < 2; ++hf) {
+      int64_t m = 0;
+      for (; m + 2 <= a.M; m += 2) lanes_half_avx2<2>(a, t, hf, m);
+      if (m < a.M) lanes_half_avx2<1>(a, t, hf, m);
+    }
+  }
+}
+#pragma GCC pop_options
+
+// Below AVX2 (a forced ISA, or a CPU the runtime would not prepare this layout for): the
+// same sums in the same order, one lane at a time.
 void lanes_scalar(const LaneArgs& a, int64_t t0, int64_t t1) {
   const int64_t bpg = a.G / kBlock, xrow = a.KC * kChunk, lrow = a.KC * 8;
   for (int64_t t = t0; t < t1; ++t) {
@@ -168,11 +245,12 @@ at::Tensor lanes_run(const at::Tensor& x_in, const at::Tensor& qweight, const at
   const QuantizedActivations q(x, G, KC);
   const LaneArgs a{M, N, K, G, KC, NG, qweight.size(0), reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>()),
                    scale.data_ptr<float>(), zeros.data_ptr<uint8_t>(), q.xq, q.xs, q.xg, y.data_ptr<float>()};
-  const bool vnni = active_isa() == Isa::Avx512Vnni;
+  const Isa isa = active_isa();
   lanes::for_passes(M, K, kMaxRows, a.T, [&](int64_t m0, int64_t rows, int64_t t0, int64_t t1) {
     LaneArgs b = a;
     b.M = rows, b.xq = a.xq + m0 * KC * kChunk, b.xs = a.xs + m0 * KC * 8, b.xg = a.xg + m0 * NG, b.y = a.y + m0 * N;
-    if (vnni) lanes_vnni(b, t0, t1);
+    if (isa == Isa::Avx512Vnni) lanes_vnni(b, t0, t1);
+    else if (isa == Isa::Avx2) lanes_avx2(b, t0, t1);
     else lanes_scalar(b, t0, t1);
   });
   return out ? y : float_to_activation_dtype(y, x.scalar_type());

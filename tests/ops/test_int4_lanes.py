@@ -48,9 +48,10 @@ def test_prepare_refuses_k_off_the_chunk():
 @native
 @pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 9, 16, 20, 33])
 @pytest.mark.parametrize("n,k,group", [(37, 256, 32), (64, 512, 128), (21, 384, 64), (300, 1024, 128)])
-def test_lanes_op_matches_the_reference(m, n, k, group):
-    """The native op against the reference of the same form and against w4a8_gemm on the
-    canonical tensors: the same integer dots, fp32 sums in another order."""
+def test_lanes_op_matches_the_reference(isa, m, n, k, group):
+    """The native op (AVX-512 VNNI, the AVX2 half tiles, scalar) against the reference of
+    the same form and against w4a8_gemm on the canonical tensors: the same integer dots,
+    fp32 sums in another order."""
     x, qweight, scales, zeros = _case(m, n, k, group, seed=m)
     prepared = reference.w4a8_prepare_lanes(qweight, scales, zeros)
     got = torch.ops.compress.w4a8_gemm_lanes(x, *prepared, group, qweight.shape[0])
