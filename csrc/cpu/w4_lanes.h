@@ -11,8 +11,10 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "cpu/kernel_common.h"
+#include "cpu/simd_common.h"
 
 namespace compress_cpu {
 namespace lanes {
@@ -56,6 +58,33 @@ void for_passes(int64_t M, int64_t row_bytes, int64_t unit, int64_t T, const Run
     const int64_t rows = std::min(rows_per_pass, M - m0);
     at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) { run(m0, rows, t0, t1); });
   }
+}
+
+// The AVX2 forms' order of work on tiles t0 .. t1: each tile's rows 0-7, then 8-15 (a ymm
+// holds 8 lanes), activation rows in pairs then a last single one:
+// run(t, half, m0, pair), after prefetching the next tile's metadata.
+template <typename Run>
+void for_half_tiles(int64_t T, int64_t M, const float* s, const uint8_t* z, int64_t NG, int64_t t0, int64_t t1,
+                    const Run& run) {
+  for (int64_t t = t0; t < t1; ++t) {
+    if (t + 1 < T) prefetch_tile_metadata(s, z, NG, t + 1);
+    for (int64_t half = 0; half < 2; ++half) {
+      int64_t m = 0;
+      for (; m + 2 <= M; m += 2) run(t, half, m, true);
+      if (m < M) run(t, half, m, false);
+    }
+  }
+}
+
+// A half tile's 8 sums into y[0 .. cols) (cols <= 8: the last tile's rows past N stay out).
+COMPRESS_TARGET("avx2") inline void store_half_tile(float* y, __m256 v, int64_t cols) {
+  if (cols == 8) {
+    _mm256_storeu_ps(y, v);
+    return;
+  }
+  alignas(32) float tmp[8];
+  _mm256_store_ps(tmp, v);
+  std::memcpy(y, tmp, cols * sizeof(float));
 }
 
 }  // namespace lanes

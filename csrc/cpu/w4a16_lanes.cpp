@@ -134,27 +134,14 @@ void float_lanes_half_avx2(const FloatLaneArgs& a, int64_t t, int64_t half, int6
       acc[m] = _mm256_fmadd_ps(_mm256_add_ps(_mm256_add_ps(ag[m][0], ag[m][1]), _mm256_add_ps(ag[m][2], ag[m][3])), sv,
                                acc[m]);
   }
-  for (int m = 0; m < MT; ++m) {
-    float* yr = a.y + (m0 + m) * a.N + n0;
-    if (cols == 8) {
-      _mm256_storeu_ps(yr, acc[m]);
-    } else {
-      alignas(32) float tmp[8];
-      _mm256_store_ps(tmp, acc[m]);
-      std::memcpy(yr, tmp, cols * sizeof(float));
-    }
-  }
+  for (int m = 0; m < MT; ++m) lanes::store_half_tile(a.y + (m0 + m) * a.N + n0, acc[m], cols);
 }
 
 void float_lanes_avx2(const FloatLaneArgs& a, int64_t t0, int64_t t1) {
-  for (int64_t t = t0; t < t1; ++t) {
-    if (t + 1 < a.T) lanes::prefetch_tile_metadata(a.s, a.z, a.NG, t + 1);
-    for (int64_t half = 0; half < 2; ++half) {
-      int64_t m = 0;
-      for (; m + 2 <= a.M; m += 2) float_lanes_half_avx2<2>(a, t, half, m);
-      if (m < a.M) float_lanes_half_avx2<1>(a, t, half, m);
-    }
-  }
+  lanes::for_half_tiles(a.T, a.M, a.s, a.z, a.NG, t0, t1, [&](int64_t t, int64_t half, int64_t m, bool pair) {
+    if (pair) float_lanes_half_avx2<2>(a, t, half, m);
+    else float_lanes_half_avx2<1>(a, t, half, m);
+  });
 }
 #pragma GCC pop_options
 

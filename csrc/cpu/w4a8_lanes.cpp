@@ -176,27 +176,14 @@ void lanes_half_avx2(const LaneArgs& a, int64_t t, int64_t hf, int64_t m0) {
       acc[m] = _mm256_fnmadd_ps(szv, _mm256_set1_ps(a.xg[(m0 + m) * a.NG + g]), acc[m]);
     }
   }
-  for (int m = 0; m < MT; ++m) {
-    float* yr = a.y + (m0 + m) * a.N + n0;
-    if (cols == 8) {
-      _mm256_storeu_ps(yr, acc[m]);
-    } else {
-      alignas(32) float tmp[8];
-      _mm256_store_ps(tmp, acc[m]);
-      std::memcpy(yr, tmp, cols * sizeof(float));
-    }
-  }
+  for (int m = 0; m < MT; ++m) lanes::store_half_tile(a.y + (m0 + m) * a.N + n0, acc[m], cols);
 }
 
 void lanes_avx2(const LaneArgs& a, int64_t t0, int64_t t1) {
-  for (int64_t t = t0; t < t1; ++t) {
-    if (t + 1 < a.T) lanes::prefetch_tile_metadata(a.s, a.z, a.NG, t + 1);
-    for (int64_t hf = 0; hf < 2; ++hf) {
-      int64_t m = 0;
-      for (; m + 2 <= a.M; m += 2) lanes_half_avx2<2>(a, t, hf, m);
-      if (m < a.M) lanes_half_avx2<1>(a, t, hf, m);
-    }
-  }
+  lanes::for_half_tiles(a.T, a.M, a.s, a.z, a.NG, t0, t1, [&](int64_t t, int64_t half, int64_t m, bool pair) {
+    if (pair) lanes_half_avx2<2>(a, t, half, m);
+    else lanes_half_avx2<1>(a, t, half, m);
+  });
 }
 #pragma GCC pop_options
 
