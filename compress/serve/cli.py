@@ -107,6 +107,17 @@ def build_llm(args, llm_class=None):
     return load_llm(llm_class, args.path, kwargs.pop("speculative", None), **kwargs)
 
 
+def _load_and_prefault(args):
+    llm = build_llm(args)
+    cache = llm.engine.kv_cache
+    t0 = time.perf_counter()
+    cache.prefault()   # page faults now, not inside a step under load
+    print(f"compress serve: KV cache {cache.num_blocks} blocks of {cache.block_size} tokens, "
+          f"{cache.nbytes / 2**30:.2f} GiB ({str(cache.dtype)[6:]}), touched in {time.perf_counter() - t0:.1f} s",
+          flush=True)
+    return llm
+
+
 def _cmd_serve(args) -> int:
     from compress.errors import UserError
 
@@ -128,13 +139,11 @@ def _cmd_serve(args) -> int:
     from compress.serve.server import serve
     from compress.serve.state import ServeConfig, default_model_name
 
-    llm = build_llm(args)
-    cache = llm.engine.kv_cache
-    t0 = time.perf_counter()
-    cache.prefault()   # page faults now, not inside a step under load
-    print(f"compress serve: KV cache {cache.num_blocks} blocks of {cache.block_size} tokens, "
-          f"{cache.nbytes / 2**30:.2f} GiB ({str(cache.dtype)[6:]}), touched in {time.perf_counter() - t0:.1f} s",
-          flush=True)
+    from compress.runtime.threads import run_on_fresh_thread
+
+    # loaded on a thread that exits: the engine's thread is then the only one with an
+    # OpenMP pool (runtime/threads.py: two pools made every op wait for its workers)
+    llm = run_on_fresh_thread(_load_and_prefault, args)
     config = ServeConfig(model_name=args.served_model_name or default_model_name(args.path),
                          api_key=args.api_key or None, max_queue=args.max_queue,
                          max_num_seqs=args.max_num_seqs,
