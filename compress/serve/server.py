@@ -68,6 +68,9 @@ class DrainingServer(uvicorn.Server):
 
 def serve(llm, config: ServeConfig, host: str = "127.0.0.1", port: int = 8000,
           shutdown_grace: float = 30.0, log_level: str = "info") -> int:
+    """Serves ``llm`` until SIGTERM; the engine steps on its own thread, so build ``llm`` on
+    a thread that exits (``runtime.threads.run_on_fresh_thread``, as ``compress serve``
+    does): an OpenMP pool left on this thread makes every op of the engine's wait."""
     app, state = make_app(llm, config)
     server = DrainingServer(_uvicorn_config(app, host, port, shutdown_grace, log_level), state, shutdown_grace)
     # uvicorn re-raises the signal that stopped it once it has shut down; with the default

@@ -23,7 +23,7 @@ def libstdcxx_link_args(print_file_name_reply: str, proc_maps: str) -> list[str]
     if os.path.isabs(reply) and os.path.exists(reply):
         return []
     for line in proc_maps.splitlines():
-        path = line.split()[-1] if line.split() else ""
+        path = line.rsplit(None, 1)[-1] if line.strip() else ""
         if os.path.basename(path).startswith("libstdc++.so.6") and os.path.isabs(path):
             return ["-Wl,--push-state,--no-as-needed", path, "-Wl,--pop-state"]
     return []

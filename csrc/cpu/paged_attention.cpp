@@ -354,25 +354,23 @@ inline void softmax_row(float* sc, int64_t S) {
   for (int64_t s = 0; s < S; ++s) mx = std::max(mx, sc[s]);
   const __m256 mxv = _mm256_set1_ps(mx);
   __m256 sum8 = _mm256_setzero_ps();
-  for (int64_t s = 0; s < S; s += 8) {
-    const int64_t n = std::min<int64_t>(8, S - s);
-    alignas(32) float tail[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    const float* src = sc + s;
-    if (n < 8) {
-      std::fill(tail, tail + 8, -std::numeric_limits<float>::infinity());
-      std::copy(sc + s, sc + S, tail), src = tail;
-    }
-    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(src), mxv));   // -inf -> 0
-    if (n < 8) {
-      _mm256_store_ps(tail, e);
-      std::copy(tail, tail + n, sc + s);
-    } else {
-      _mm256_storeu_ps(sc + s, e);
-    }
+  int64_t s = 0;
+  for (; s + 8 <= S; s += 8) {
+    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(sc + s), mxv));
+    _mm256_storeu_ps(sc + s, e);
+    sum8 = _mm256_add_ps(sum8, e);
+  }
+  if (s < S) {   // the last partial 8, padded with -inf (exp 0)
+    alignas(32) float tail[8];
+    std::fill(tail, tail + 8, -std::numeric_limits<float>::infinity());
+    std::copy(sc + s, sc + S, tail);
+    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_load_ps(tail), mxv));
+    _mm256_store_ps(tail, e);
+    std::copy(tail, tail + (S - s), sc + s);
     sum8 = _mm256_add_ps(sum8, e);
   }
   const float inv = 1.f / hsum256_ps(sum8);
-  for (int64_t s = 0; s < S; ++s) sc[s] *= inv;
+  for (s = 0; s < S; ++s) sc[s] *= inv;
 }
 
 // The first `S` rows of `runs` (a prefix of the same rows).
