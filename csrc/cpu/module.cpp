@@ -4,15 +4,17 @@
 // W8A8 int16 GEMM's and AMX tiles' row thresholds (set_w8a8_int16_min_rows,
 // w8a8_int16_min_rows, set_w8a8_amx_min_rows, w8a8_amx_min_rows, w8a8_amx_available), the
 // W4A8 op's AMX tiles' (set_w4a16_amx_min_rows, w4a16_amx_min_rows, w4a16_amx_available) and panel
-// GEMM's (set_w4a8_panel_min_rows, w4a8_panel_min_rows), the
+// GEMM's (set_w4a8_panel_min_rows, w4a8_panel_min_rows), the lanes op's tile pairs
+// (set_w4a8_lanes_pair_min_rows, w4a8_lanes_pair_min_rows), the
 // float W4A16 op's at::mm threshold (set_w4a16_mm_min_rows, w4a16_mm_min_rows), paged
-// attention's group kernel switch (set_paged_group_kernel), the
+// attention's group and row kernel switches (set_paged_group_kernel, set_paged_row_kernel), the
 // compute-peak probe and the DecodePlan class (decode_plan.cpp).
 #include <Python.h>
 
 #include "cpu/kernel_common.h"
 #include "cpu/w4a16_common.h"
 #include "cpu/w4a16_kernel.h"
+#include "cpu/w4_lanes.h"
 #include "cpu/w8a8_kernel.h"
 
 static PyObject* py_cpu_isa(PyObject*, PyObject*) {
@@ -35,6 +37,7 @@ static PyObject* py_set_cpu_isa(PyObject*, PyObject* arg) {
 
 namespace compress_cpu {
 bool set_paged_group_kernel(bool on);   // paged_attention.cpp
+bool set_paged_row_kernel(bool on);     // paged_attention.cpp
 bool set_w4a8_shared_unpack(bool on);   // w4a8_gemm.cpp
 }
 
@@ -42,6 +45,12 @@ static PyObject* py_set_paged_group_kernel(PyObject*, PyObject* arg) {
   const int on = PyObject_IsTrue(arg);
   if (on < 0) return nullptr;
   return PyBool_FromLong(compress_cpu::set_paged_group_kernel(on != 0));
+}
+
+static PyObject* py_set_paged_row_kernel(PyObject*, PyObject* arg) {
+  const int on = PyObject_IsTrue(arg);
+  if (on < 0) return nullptr;
+  return PyBool_FromLong(compress_cpu::set_paged_row_kernel(on != 0));
 }
 
 static PyObject* py_set_w4a8_shared_unpack(PyObject*, PyObject* arg) {
@@ -81,6 +90,9 @@ static PyObject* py_set_w4a8_panel_min_rows(PyObject*, PyObject* arg) {
 }
 static PyObject* py_set_w4a16_panel_min_rows(PyObject*, PyObject* arg) {
   return set_min_rows("set_w4a16_panel_min_rows", arg, compress_cpu::w4::set_float_panel_min_rows);
+}
+static PyObject* py_set_w4a8_lanes_pair_min_rows(PyObject*, PyObject* arg) {
+  return set_min_rows("set_w4a8_lanes_pair_min_rows", arg, compress_cpu::lanes::set_pair_min_rows);
 }
 static PyObject* py_set_w4a16_mm_min_rows(PyObject*, PyObject* arg) {
   return set_min_rows("set_w4a16_mm_min_rows", arg, compress_cpu::w4::set_float_mm_min_rows);
@@ -122,6 +134,11 @@ static PyMethodDef compress_c_methods[] = {
      "vpdpbusd) instead of the four-row tiles (the same integer dots); returns the previous value."},
     {"w4a8_panel_min_rows", py_get_rows<compress_cpu::w4::panel_min_rows>, METH_NOARGS,
      "Fewest rows for which w4a8_gemm* takes the panel GEMM (set_w4a8_panel_min_rows)."},
+    {"set_w4a8_lanes_pair_min_rows", py_set_w4a8_lanes_pair_min_rows, METH_O,
+     "Fewest rows for which w4a8_gemm_lanes at the avx512_vnni level runs two weight tiles a call (each "
+     "activation broadcast serves 32 weight rows; the same bits as one tile a call); returns the previous value."},
+    {"w4a8_lanes_pair_min_rows", py_get_rows<compress_cpu::lanes::pair_min_rows>, METH_NOARGS,
+     "Fewest rows for which w4a8_gemm_lanes runs two tiles a call (set_w4a8_lanes_pair_min_rows)."},
     {"set_w4a16_panel_min_rows", py_set_w4a16_panel_min_rows, METH_O,
      "Fewest rows for which the float-activation int4 ops (w4a16_gemm*) take their AVX-512 panel GEMM "
      "(the same fp32 weights, each output summed in K order); returns the previous value."},
@@ -137,6 +154,9 @@ static PyMethodDef compress_c_methods[] = {
     {"set_paged_group_kernel", py_set_paged_group_kernel, METH_O,
      "Whether paged attention runs rows that share their keys (a prompt chunk as one-token rows) through "
      "its AVX-512 group kernel where the CPU has it (default True); returns the previous setting."},
+    {"set_paged_row_kernel", py_set_paged_row_kernel, METH_O,
+     "Whether paged attention runs a row that attends alone (a decode row) through its AVX-512 row kernel "
+     "where the CPU has it (default True; the per-row loops' bits); returns the previous setting."},
     {"set_w4a8_shared_unpack", py_set_w4a8_shared_unpack, METH_O,
      "Whether the int8-activation int4 GEMM's few-row tiles (below the panel GEMM's rows, AVX-512 VNNI) unpack "
      "each weight chunk once for up to eight activation rows (default True) instead of once per row; returns "

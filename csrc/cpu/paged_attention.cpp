@@ -51,6 +51,10 @@ namespace compress_cpu {
 // the CPU has it; off, they take the per-row loops over keys widened once (tests compare).
 std::atomic<bool> paged_group_kernel{true};
 bool set_paged_group_kernel(bool on) { return paged_group_kernel.exchange(on); }
+// Whether a row that attends alone (a decode row) takes the AVX-512 row kernel
+// (attend_row_avx512) where the CPU has it; off, the per-row loops (tests compare).
+std::atomic<bool> paged_row_kernel{true};
+bool set_paged_row_kernel(bool on) { return paged_row_kernel.exchange(on); }
 
 namespace {
 
@@ -402,6 +406,12 @@ std::vector<std::pair<int64_t, int64_t>> shared_key_groups(const Paged& a) {
   return groups;
 }
 
+#pragma GCC pop_options
+
+#include "cpu/paged_row_attention.inc"
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
 
 template <typename T, typename TKV>
 void paged_avx2(const Paged& a, const T* q, const TKV* k, const TKV* v, T* out) {
@@ -412,11 +422,14 @@ void paged_avx2(const Paged& a, const T* q, const TKV* k, const TKV* v, T* out) 
   // the longest row and each row attends to its prefix.
   const std::vector<std::pair<int64_t, int64_t>> groups = shared_key_groups(a);
   const bool group_kernel = active_isa() == Isa::Avx512Vnni && D % 16 == 0 && group <= 16 && group_attention_on();
+  const bool row_kernel = active_isa() == Isa::Avx512Vnni && D % 16 == 0 && D <= kRowKernelMaxD &&
+                          paged_row_kernel.load(std::memory_order_relaxed);
   parallel_grabs(static_cast<int64_t>(groups.size()) * a.Hkv, 1, [&](const auto& take) {
     // reused by this thread from call to call (a decode step makes one call a layer)
     thread_local std::vector<float> qf, scores, kbuf, vbuf, obuf;
     thread_local std::vector<Run> kruns, vruns, krow, vrow;
     thread_local std::vector<const float*> ktiles, vtiles;
+    thread_local std::vector<const void*> krowp, vrowp;
     if (qf.size() < static_cast<size_t>(group * D)) qf.resize(group * D), obuf.resize(group * D);
     int64_t begin, end;
     while (take(begin, end)) {
@@ -425,6 +438,10 @@ void paged_avx2(const Paged& a, const T* q, const TKV* k, const TKV* v, T* out) 
       a.span(b0 + nrows - 1, &first, &Smax);   // the group's union: the last row's span
       if (nrows > 1 && group_kernel) {  // first == 0 here: groups of more than one row have no window
         attend_group(a, q, k, v, out, b0, nrows, hk, Smax, ktiles, vtiles, kbuf, vbuf);
+        continue;
+      }
+      if (nrows == 1 && row_kernel) {   // a decode row: its keys in place, zmm wide
+        attend_row_avx512(a, q, k, v, out, b0, hk, qf, scores, obuf, krowp, vrowp);
         continue;
       }
       const int64_t ks = item_runs(a, k, a.ks0, a.ks1, a.ks2, b0 + nrows - 1, hk, first, Smax, kruns, kbuf);

@@ -29,6 +29,11 @@ constexpr int64_t kPrefetchAhead = 4096;
 // all rows, K = 2816 rows had left L2; 128 / 512 KiB 1.09x / 1.11x).
 constexpr int64_t kActBudget = 256 << 10;
 
+// Fewest activation rows for which the int8 op on AVX-512 VNNI runs two tiles a call
+// (w4a8_lanes.cpp; the same bits as one a call; default 12); set returns the previous value.
+int64_t set_pair_min_rows(int64_t rows);
+int64_t pair_min_rows();
+
 // Group sizes an op takes: the int8 op's blocks (32, or a multiple of 64), or any multiple
 // of 8 (whole words) for the float op.
 enum class Groups { kInt8Blocks, kWords };

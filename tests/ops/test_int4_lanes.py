@@ -108,6 +108,29 @@ def test_a_row_does_not_depend_on_its_batch_the_threads_or_the_isa(op, m, n, gro
 
 
 @native
+@pytest.mark.parametrize("n", [45, 64, 70])
+def test_tile_pairs_move_no_bit(n):
+    """From w4a8_lanes_pair_min_rows rows the AVX-512 VNNI form runs two weight tiles a call
+    (4 rows at a time; an odd last tile alone): every output gets the same operations, so
+    the bytes equal one tile a call, at every row count and with a partial last tile."""
+    from compress import _C
+    x, qweight, scales, zeros = _case(19, n, 512, 128)
+    prepared = reference.w4a8_prepare_lanes(qweight, scales, zeros)
+    before = _C.set_w4a8_lanes_pair_min_rows(1)
+    try:
+        for m in (1, 2, 3, 5, 8, 16, 19):
+            _C.set_w4a8_lanes_pair_min_rows(1)
+            pairs = torch.ops.compress.w4a8_gemm_lanes(x[:m], *prepared, 128, n)
+            _C.set_w4a8_lanes_pair_min_rows(1 << 40)
+            single = torch.ops.compress.w4a8_gemm_lanes(x[:m], *prepared, 128, n)
+            assert torch.equal(pairs, single), m
+    finally:
+        _C.set_w4a8_lanes_pair_min_rows(before)
+    with pytest.raises(ValueError, match="rows must be >= 1"):
+        _C.set_w4a8_lanes_pair_min_rows(0)
+
+
+@native
 def test_bad_arguments_name_what_is_wrong():
     x, qweight, scales, zeros = _case(2, 20, 256, 64)
     q, scale, z = reference.w4a8_prepare_lanes(qweight, scales, zeros)

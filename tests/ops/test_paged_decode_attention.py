@@ -186,3 +186,31 @@ def test_group_kernel_matches_reference_and_is_row_invariant(kv_dtype, heads, bl
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert torch.equal(got, loops)      # the group kernel runs the loops' operations per lane
     assert torch.equal(got[:5], first)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("heads", [(16, 8), (12, 4), (15, 5), (8, 1), (6, 6)], ids=lambda h: f"{h[0]}q{h[1]}kv")
+@pytest.mark.parametrize("block_size,head_dim", [(16, 64), (8, 128), (32, 32), (5, 48)])
+@pytest.mark.parametrize("window", [0, 7])
+def test_row_kernel_runs_the_loops_operations(kv_dtype, heads, block_size, head_dim, window):
+    """The AVX-512 kernel for rows that attend alone (decode rows: keys read in the pool, two
+    per zmm, scores folded by the loops' tree, p.V 16 elements a zmm) gives the per-row
+    loops' bits, at lengths around its 8-key groups and its prefetch distances, with odd
+    q-head groups, blocks that are no multiple of 8 and windows; and the reference's values."""
+    import compress.ops as ops
+    if "avx512_vnni" not in ops.cpu_isas_available():
+        pytest.skip("no AVX-512 VNNI on this CPU: the row kernel is not taken")
+    import compress._C as C
+    hq, hkv = heads
+    lens = [1, 7, 8, 9, 17, 63, 64, 65, 90]
+    q, k, v, tables, ctx = paged_case(lens, hq, hkv, head_dim, kv_dtype=kv_dtype, block_size=block_size, seed=3)
+    before = C.set_paged_row_kernel(True)
+    try:
+        got = torch.ops.compress.paged_decode_attention(q, k, v, tables, ctx, window)
+        C.set_paged_row_kernel(False)
+        loops = torch.ops.compress.paged_decode_attention(q, k, v, tables, ctx, window)
+    finally:
+        C.set_paged_row_kernel(before)
+    assert torch.equal(got, loops)
+    want = reference.paged_decode_attention(q, k, v, tables, ctx, window)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
