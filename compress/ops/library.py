@@ -30,6 +30,8 @@ SCHEMAS = {
                           "Tensor outlier_idx, Tensor outlier_weight) -> Tensor"),
     # the same two on the CPU kernel's load-time row-tiled int8 weights (reference.w8a8_tile_cpu)
     "w8a8_gemm_prepared": "w8a8_gemm_prepared(Tensor x, Tensor qweight, Tensor weight_scale) -> Tensor",
+    # W8A8 on the CPU op's weight-row-lane layout (reference.w8a8_prepare_lanes)
+    "w8a8_gemm_lanes": "w8a8_gemm_lanes(Tensor x, Tensor qweight, Tensor scale, Tensor rowsum, int n) -> Tensor",
     # threshold: the LLM.int8 spike guard (reference.w8a8_outlier_gemm_guarded); None: static set only
     "w8a8_outlier_gemm_prepared": ("w8a8_outlier_gemm_prepared(Tensor x, Tensor qweight, Tensor weight_scale, "
                                    "Tensor outlier_idx, Tensor outlier_weight, float? threshold=None) -> Tensor"),
@@ -59,6 +61,7 @@ REFERENCES = {
     "w8a8_gemm": reference.w8a8_gemm,
     "w8a8_outlier_gemm": reference.w8a8_outlier_gemm,
     "w8a8_gemm_prepared": reference.w8a8_gemm_prepared,
+    "w8a8_gemm_lanes": reference.w8a8_gemm_lanes,
     "w8a8_outlier_gemm_prepared": reference.w8a8_outlier_gemm_prepared,
     "quantize_per_token_int8": reference.quantize_per_token_int8,
     "rms_norm": reference.rms_norm,
@@ -76,6 +79,10 @@ def _fake_gemm(x, qweight, *args, **kwargs):
 
 
 def _fake_gemm_lanes(x, qweight, scale, zeros, group_size, n):
+    return x.new_empty((x.shape[0], n))
+
+
+def _fake_gemm_w8_lanes(x, qweight, scale, rowsum, n):
     return x.new_empty((x.shape[0], n))
 
 
@@ -122,6 +129,7 @@ FAKES = {
     "w8a8_gemm": _fake_gemm,
     "w8a8_outlier_gemm": _fake_gemm,
     "w8a8_gemm_prepared": _fake_gemm,
+    "w8a8_gemm_lanes": _fake_gemm_w8_lanes,
     "w8a8_outlier_gemm_prepared": _fake_gemm,
     "quantize_per_token_int8": _fake_quantize_per_token_int8,
     "rms_norm": _fake_rms_norm,

@@ -290,6 +290,44 @@ def w8a8_untile_cpu(qweight_tiled: torch.Tensor) -> torch.Tensor:
     return _cpu_tile(qweight_tiled, W8_CPU_TILE_CHUNK, untile=True)
 
 
+W8_LANES_MAX_K = 65536   # (q + 128) . w of a row stays inside int32: K x 255 x 127 < 2**31
+
+
+def w8a8_prepare_lanes(qweight: torch.Tensor, weight_scale: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Canonical int8 ``[N, K]`` and per-channel scales ``[N]`` -> the weight-row-lane form
+    of the CPU W8A8 op (``w8a8_gemm_lanes``): int8 ``[ceil(N/16), ceil(K/4) * 64]`` (per
+    tile of 16 rows, per 4-k quad j, the 16 rows' 4 bytes side by side: byte
+    ``64 j + 4 r + i`` is ``w[16 t + r, 4 j + i]``), fp32 scales ``[ceil(N/16), 16]`` and
+    int32 row sums ``[ceil(N/16), 16]`` (the kernel dots ``q + 128`` as unsigned bytes and
+    takes ``128 x`` the row sum back off). Rows past N and k past K are zero."""
+    n, k = qweight.shape
+    if k > W8_LANES_MAX_K:
+        raise ValueError(f"the W8A8 lanes layout takes K <= {W8_LANES_MAX_K}, got K={k}")
+    tiles, quads = -(-n // W4_LANE_ROWS), -(-k // 4)
+    w = torch.zeros(tiles * W4_LANE_ROWS, quads * 4, dtype=torch.int8, device=qweight.device)
+    w[:n, :k] = qweight
+    q = w.reshape(tiles, W4_LANE_ROWS, quads, 4).permute(0, 2, 1, 3).reshape(tiles, quads * 64)
+    rowsum = w.to(torch.int32).sum(dim=1, dtype=torch.int32).reshape(tiles, W4_LANE_ROWS)
+    scale = torch.zeros(tiles * W4_LANE_ROWS, dtype=torch.float32, device=qweight.device)
+    scale[:n] = weight_scale.to(torch.float32)
+    return q.contiguous(), scale.reshape(tiles, W4_LANE_ROWS), rowsum.contiguous()
+
+
+def w8a8_unprepare_lanes(q_lanes: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """Inverse of :func:`w8a8_prepare_lanes`'s weights: back to the canonical ``[n, k]``."""
+    tiles, width = q_lanes.shape
+    quads = width // 64
+    w = q_lanes.reshape(tiles, quads, W4_LANE_ROWS, 4).permute(0, 2, 1, 3).reshape(tiles * W4_LANE_ROWS, quads * 4)
+    return w[:n, :k].contiguous()
+
+
+def w8a8_gemm_lanes(x: torch.Tensor, q_lanes: torch.Tensor, scale: torch.Tensor, rowsum: torch.Tensor,
+                    n: int) -> torch.Tensor:
+    """:func:`w8a8_gemm` on :func:`w8a8_prepare_lanes`'s tensors (``n`` outputs; K is x's)."""
+    return w8a8_gemm(x, w8a8_unprepare_lanes(q_lanes, n, x.shape[-1]), scale.reshape(-1)[:n])
+
+
 def w8a8_gemm_prepared(x: torch.Tensor, qweight_tiled: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
     """:func:`w8a8_gemm` on :func:`w8a8_tile_cpu`'s weights."""
     return w8a8_gemm(x, w8a8_untile_cpu(qweight_tiled), weight_scale)
@@ -487,6 +525,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 # takes, as the runtime's layers name them in decode_spec(), and how many tensors each brings
 # (llm_int8_guarded_prepared: the fifth is the spike guard's threshold, a 0-dim fp32 tensor)
 DECODE_LAYER_TENSORS = {"w4a16_prepared": 3, "w4a8_prepared": 3, "w4a16_lanes": 4, "w4a8_lanes": 4, "w8a8_prepared": 2,
+                        "w8a8_lanes": 4,
                         "llm_int8_prepared": 4, "llm_int8_guarded_prepared": 5, "dense": 1}
 
 

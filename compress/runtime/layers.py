@@ -11,13 +11,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from compress.ops import cpu_isa, get_op, native_available, w4a16_amx_available
+from compress.ops import cpu_isa, get_op, native_available, w4a16_amx_available, w8a8_amx_available
 from compress.runtime.int4_padding import pad_activations, pad_int4_in_features
 from compress.runtime.outlier_columns import checked_outlier_idx
 from compress.w4_activations import DEFAULT_W4_ACTIVATIONS
 from compress.ops.reference import (w4a8_lanes_supported, w4a8_prepare_lanes, w4a8_unprepare_lanes,
                                     w4a16_lanes_supported, w4a16_prepare_cpu_scales, w4a16_tile_cpu,
-                                    w4a16_untile_cpu, w8a8_outlier_gemm_guarded, w8a8_tile_cpu, w8a8_untile_cpu)
+                                    w4a16_untile_cpu, w8a8_outlier_gemm_guarded, w8a8_prepare_lanes, w8a8_tile_cpu,
+                                    w8a8_unprepare_lanes, w8a8_untile_cpu, W8_LANES_MAX_K)
 
 # Whether int4 layers take the weight-row-lane layout (csrc/cpu/w4a8_lanes.cpp,
 # w4a16_lanes.cpp: vector lanes = weight rows), read at prepare(); False for timings of the
@@ -26,6 +27,9 @@ from compress.ops.reference import (w4a8_lanes_supported, w4a8_prepare_lanes, w4
 # and AVX-512 CPUs, except int8 activations on CPUs with usable AMX-BF16 (they keep the
 # row-tiled layout that their many-row bf16 tiles read).
 INT4_LANES = True
+# Whether W8A8 layers take the weight-row-lane layout (csrc/cpu/w8a8_lanes.cpp) where
+# int8_lanes_wanted(); the same bits as the row-tiled kernels.
+INT8_LANES = True
 
 
 def int4_lanes_wanted(activations: str = DEFAULT_W4_ACTIVATIONS) -> bool:
@@ -33,6 +37,14 @@ def int4_lanes_wanted(activations: str = DEFAULT_W4_ACTIVATIONS) -> bool:
     if not (INT4_LANES and native_available("cpu")) or cpu_isa() not in ("avx512_vnni", "avx2"):
         return False
     return activations != "int8" or not w4a16_amx_available()
+
+def int8_lanes_wanted(k: int) -> bool:
+    """Whether this CPU runs a W8A8 layer of K inputs on the lanes layout: AVX-512 VNNI
+    without AMX-INT8 (whose tiles read the row-tiled layout), K within the layout's int32
+    sums."""
+    return (INT8_LANES and native_available("cpu") and cpu_isa() == "avx512_vnni" and not w8a8_amx_available()
+            and k <= W8_LANES_MAX_K)
+
 
 class DenseLinear(nn.Module):
     scheme = "dense"
@@ -260,22 +272,53 @@ class Int8Linear(_CpuTiledWeight, _OpLinear):
     _tile, _untile = staticmethod(w8a8_tile_cpu), staticmethod(w8a8_untile_cpu)
     streamed = ("qweight", "weight_scale")
 
+    lanes = None  # (scale, rowsum, n) while qweight is in the lanes layout (w8a8_prepare_lanes)
+
     def __init__(self, qweight, weight_scale, bias=None):
         super().__init__(qweight.shape[0], qweight.shape[1], bias)
         self.register_buffer("qweight", qweight)
         self.register_buffer("weight_scale", weight_scale)
 
     def prepare(self, backend: str = "native") -> None:
+        if self.lanes is not None:
+            self.qweight, self.lanes = w8a8_unprepare_lanes(self.qweight, self.out_features, self.in_features), None
         super().prepare(backend)
-        self._retile(backend)
         self.weight_scale = self.weight_scale.contiguous()
+        if backend == "native" and self.qweight.device.type == "cpu" and int8_lanes_wanted(self.in_features):
+            q, scale, rowsum = w8a8_prepare_lanes(self.qweight.contiguous(), self.weight_scale)
+            self.qweight, self.qweight_tiled = q, False
+            self.lanes = (scale, rowsum, torch.tensor([self.out_features], dtype=torch.int64))
+            return
+        self._retile(backend)
+
+    def canonical_qweight(self) -> torch.Tensor:
+        if self.lanes is not None:
+            return w8a8_unprepare_lanes(self.qweight, self.out_features, self.in_features)
+        return super().canonical_qweight()
+
+    def relocate(self, place) -> None:
+        if self.lanes is None:
+            return super().relocate(place)
+        self.qweight = place(self.qweight)
+        self.lanes = (place(self.lanes[0]), place(self.lanes[1]), self.lanes[2])
+
+    def read_bytes(self) -> int:
+        """Bytes one call reads for its weights (the int8 weights and their scales, in the
+        layout the kernel on this device uses)."""
+        meta = self.lanes[:2] if self.lanes is not None else (self.weight_scale,)
+        bias = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
+        return self.qweight.numel() + sum(t.numel() * t.element_size() for t in meta) + bias
 
     def decode_spec(self):
+        if self.lanes is not None:
+            return "w8a8_lanes", 0, [self.qweight, *self.lanes], self.bias
         if not self.qweight_tiled:
             return None
         return "w8a8_prepared", 0, [self.qweight, self.weight_scale], self.bias
 
     def gemm(self, x2d):
+        if self.lanes is not None:
+            return torch.ops.compress.w8a8_gemm_lanes(x2d, self.qweight, *self.lanes[:2], self.out_features)
         if self.qweight_tiled:
             return torch.ops.compress.w8a8_gemm_prepared(x2d, self.qweight, self.weight_scale)
         return get_op(self.op_name, self.backend)(x2d, self.qweight, self.weight_scale)

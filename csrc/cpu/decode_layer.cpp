@@ -25,6 +25,8 @@
 //                      w4a16_gemm_lanes)
 //   w4a8_lanes:        the same tensors, int8 activations (w4a8_gemm_lanes)
 //   w8a8_prepared:     qweight (row-tiled, reference.w8a8_tile_cpu), weight_scale
+//   w8a8_lanes:        qweight, scale, rowsum in the weight-row-lane layout (reference.w8a8_prepare_lanes)
+//                      and the output features as a one-element int64 tensor (w8a8_gemm_lanes)
 //   llm_int8_prepared: the same plus outlier_idx, outlier_weight (static set)
 //   llm_int8_guarded_prepared: the same four plus the spike guard's threshold (a
 //                      one-element float32 tensor)
@@ -45,17 +47,20 @@ namespace compress_cpu {
 
 int64_t decode_linear_tensors(const std::string& scheme) {
   if (scheme == "w4a16_prepared" || scheme == "w4a8_prepared") return 3;
-  if (scheme == "w4a16_lanes" || scheme == "w4a8_lanes") return 4;
+  if (scheme == "w4a16_lanes" || scheme == "w4a8_lanes" || scheme == "w8a8_lanes") return 4;
   if (scheme == "w8a8_prepared") return 2;
   if (scheme == "llm_int8_prepared") return 4;
   if (scheme == "llm_int8_guarded_prepared") return 5;
   if (scheme == "dense") return 1;
   TORCH_CHECK(false, "DecodePlan: unknown linear scheme '", scheme,
-              "'; expected w4a16_prepared, w4a8_prepared, w4a16_lanes, w4a8_lanes, w8a8_prepared, llm_int8_prepared, "
+              "'; expected w4a16_prepared, w4a8_prepared, w4a16_lanes, w4a8_lanes, w8a8_prepared, w8a8_lanes, "
+              "llm_int8_prepared, "
               "llm_int8_guarded_prepared or dense");
 }
 
-bool is_lanes(const DecodeLinear& l) { return l.scheme == "w4a16_lanes" || l.scheme == "w4a8_lanes"; }
+bool is_lanes(const DecodeLinear& l) {
+  return l.scheme == "w4a16_lanes" || l.scheme == "w4a8_lanes" || l.scheme == "w8a8_lanes";
+}
 
 // A lanes linear's output features (its fourth tensor: its qweight holds whole 16-row tiles).
 int64_t decode_lanes_n(const DecodeLinear& l) { return l.w[3].data_ptr<int64_t>()[0]; }
@@ -92,6 +97,9 @@ at::Tensor run_decode_linear(const DecodeLinear& l, const at::Tensor& x, at::Ten
              : w4a8_gemm_lanes(x, l.w[0], l.w[1], l.w[2], l.group_size, decode_lanes_n(l));
   else if (l.scheme == "w8a8_prepared")
     y = into ? w8a8_gemm_prepared_into(x, l.w[0], l.w[1], *out) : w8a8_gemm_prepared(x, l.w[0], l.w[1]);
+  else if (l.scheme == "w8a8_lanes")
+    y = into ? w8a8_gemm_lanes_into(x, l.w[0], l.w[1], l.w[2], decode_lanes_n(l), *out)
+             : w8a8_gemm_lanes(x, l.w[0], l.w[1], l.w[2], decode_lanes_n(l));
   else if (l.scheme == "llm_int8_prepared" || l.scheme == "llm_int8_guarded_prepared") {
     c10::optional<double> threshold;  // check_decode_linear checked the guarded form's threshold tensor
     if (l.scheme == "llm_int8_guarded_prepared") threshold = static_cast<double>(*l.w[4].data_ptr<float>());

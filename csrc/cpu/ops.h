@@ -50,6 +50,10 @@ at::Tensor w4a16_gemm_lanes(const at::Tensor& x, const at::Tensor& qweight, cons
 // qweight int32 [tiles, 2K], scale float32 and zeros uint8 [tiles, K / group_size, 16], n outputs.
 at::Tensor w4a8_gemm_lanes(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                            const at::Tensor& zeros, int64_t group_size, int64_t n);
+// w8a8_gemm on the weight-row-lane layout (w8a8_lanes.cpp, reference.w8a8_prepare_lanes):
+// qweight int8 [tiles, ceil(K / 4) * 64], scale float32 and rowsum int32 [tiles, 16], n outputs.
+at::Tensor w8a8_gemm_lanes(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                           const at::Tensor& rowsum, int64_t n);
 bool dense_gemm_small_rows(const at::Tensor& x, const at::Tensor& w);
 
 // The same ops writing into caller-owned tensors (decode_layer reuses its intermediates
@@ -65,6 +69,8 @@ at::Tensor& w4a16_gemm_lanes_into(const at::Tensor& x, const at::Tensor& qweight
                                   const at::Tensor& zeros, int64_t group_size, int64_t n, at::Tensor& out);
 at::Tensor& w4a8_gemm_lanes_into(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                                  const at::Tensor& zeros, int64_t group_size, int64_t n, at::Tensor& out);
+at::Tensor& w8a8_gemm_lanes_into(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                                 const at::Tensor& rowsum, int64_t n, at::Tensor& out);
 at::Tensor& w8a8_outlier_gemm_prepared_into(const at::Tensor& x, const at::Tensor& qweight,
                                             const at::Tensor& weight_scale, const at::Tensor& outlier_idx,
                                             const at::Tensor& outlier_weight, c10::optional<double> threshold,

@@ -24,6 +24,10 @@
 // dtype; the output is rounded to q's dtype once at the end. Other shapes and the scalar
 // ISA take a plain loop with the same arithmetic order per key.
 //
+// A row that attends alone (a decode row) takes, on AVX-512 (D % 16 == 0), a kernel that
+// reads its keys in the pool two a zmm with those loops' operations
+// (paged_row_attention.inc: attend_row_avx512).
+//
 // Rows that share their keys take, on AVX-512 (D % 16 == 0, at most 16 q heads a kv head),
 // a kernel whose zmm lanes are the q heads of up to 16 / group rows (attend_group_avx512):
 // one key element broadcast against 16 lanes' q element, 16 keys a tile, softmax down each

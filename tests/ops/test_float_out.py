@@ -20,6 +20,7 @@ def _gemms(n: int, k: int):
     prepared = reference.w4a16_prepare_cpu(qweight, scales, zeros)
     q8, ws = make_int8(n, k)
     q8t = reference.w8a8_tile_cpu(q8)
+    q8l = reference.w8a8_prepare_lanes(q8, ws)
     idx, ow = torch.tensor([0, 5, k - 1]), torch.randn(n, 3)
     c = torch.ops.compress
     return {
@@ -30,6 +31,7 @@ def _gemms(n: int, k: int):
         "w4a8_prepared": lambda x: c.w4a8_gemm_prepared(x, *prepared, 32),
         "w8a8": lambda x: c.w8a8_gemm(x, q8, ws),
         "w8a8_prepared": lambda x: c.w8a8_gemm_prepared(x, q8t, ws),
+        "w8a8_lanes": lambda x: c.w8a8_gemm_lanes(x, *q8l, n),
         "w8a8_outlier": lambda x: c.w8a8_outlier_gemm_prepared(x, q8t, ws, idx, ow),
         "w8a8_outlier_guarded": lambda x: c.w8a8_outlier_gemm_prepared(x, q8t, ws, idx, ow, 2.0),
     }

@@ -198,3 +198,39 @@ def test_int4_linear_tiles_for_the_cpu_kernel_and_restores_the_canonical_layout(
     reference = layer(x)
     assert sqnr_db(reference, native) > 35
     torch.testing.assert_close(fused(x), torch.cat([reference, reference], -1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not native_available("cpu"), reason="native CPU kernels not built")
+@pytest.mark.parametrize("lanes", [False, True], ids=["row-tiled", "lanes"])
+def test_int8_linear_takes_the_lanes_layout_and_restores_the_canonical_one(lanes, monkeypatch):
+    """prepare("native") puts a W8A8 layer's weights in the lanes layout where the CPU takes
+    it (AVX-512 VNNI without AMX; decode_spec 'w8a8_lanes'), else row-tiles them; both give
+    the row-tiled kernels' bits; preparing for the reference restores the canonical tensors,
+    and fusing a prepared layer concatenates canonical rows."""
+    from compress.runtime import layers
+    monkeypatch.setattr(layers, "INT8_LANES", lanes)
+    if lanes and not layers.int8_lanes_wanted(96):
+        pytest.skip("the W8A8 lanes layout is prepared on AVX-512 VNNI CPUs without AMX only")
+    w = torch.randn(70, 96)
+    q8, s8 = rtn_int8(w)
+    layer = Int8Linear(q8.clone(), s8.clone())
+    x = torch.randn(5, 96)
+    layer.prepare("native")
+    assert (layer.lanes is not None) == lanes and layer.qweight_tiled != lanes
+    assert layer.decode_spec()[0] == ("w8a8_lanes" if lanes else "w8a8_prepared")
+    assert torch.equal(layer.canonical_qweight(), q8)
+    native = layer(x)
+    assert torch.equal(native, torch.ops.compress.w8a8_gemm_prepared(x, reference_tile(q8), s8))
+    fused = fuse_linears([layer, layer])
+    fused.prepare("reference")
+    assert torch.equal(fused.qweight, torch.cat([q8, q8]))
+    layer.prepare("reference")
+    assert layer.lanes is None and not layer.qweight_tiled and torch.equal(layer.qweight, q8)
+    assert sqnr_db(layer(x), native) > 60
+    layer.prepare("native")   # and back
+    assert torch.equal(layer(x), native)
+
+
+def reference_tile(q8):
+    from compress.ops.reference import w8a8_tile_cpu
+    return w8a8_tile_cpu(q8)
