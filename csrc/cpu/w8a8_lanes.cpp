@@ -24,8 +24,8 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "cpu/kernel_common.h"
@@ -180,10 +180,10 @@ at::Tensor w8_lanes_run(const at::Tensor& x_in, const at::Tensor& qweight, const
   const int64_t M = x.size(0), K = x.size(1), Q = ceil_div(K, 4), Kp = Q * 4;
   at::Tensor y = out ? *out : at::empty({M, n}, x.options().dtype(at::kFloat));
   if (M == 0) return out ? y : float_to_activation_dtype(y, x.scalar_type());
-  // per row: int8 q and |q| (quantize_row's outputs), then q + 128; scales [M]
-  std::vector<uint8_t> work(static_cast<size_t>(M) * (3 * Kp + 4 * sizeof(float)));
-  uint8_t* xu = work.data();
-  float* sx = reinterpret_cast<float*>(work.data() + M * Kp);
+  // the rows as q + 128 [M, Kp], then their scales [M] (Kp % 4 == 0: aligned for floats)
+  const std::unique_ptr<uint8_t[]> work(new uint8_t[M * Kp + M * sizeof(float)]);
+  uint8_t* xu = work.get();
+  float* sx = reinterpret_cast<float*>(work.get() + M * Kp);
   const bool avx2 = active_isa() >= Isa::Avx2;
   at::parallel_for(0, M, 8, [&](int64_t m0, int64_t m1) {
     std::vector<float> buf(K);
