@@ -17,7 +17,8 @@ from compress.bench.bandwidth import last_level_cache_bytes, read_bandwidth, rea
 from compress.bench.compute import compute_peaks, fp32_peak, w8a8_recipe
 from compress.io.files import atomic_write_text
 from compress.ops import reference
-from compress.ops.reference import w4a16_prepare_cpu, w8a8_tile_cpu
+from compress.ops.reference import (W8_LANES_MAX_K, w4a8_lanes_supported, w4a8_prepare_lanes, w4a16_prepare_cpu,
+                                    w8a8_prepare_lanes, w8a8_tile_cpu)
 from compress.runtime.hugepages import huge_page_copy
 
 # (N out, K in) from Llama-2-7B (4096x4096, 11008x4096, 4096x11008), Mistral/Llama-3
@@ -115,6 +116,20 @@ def build_cases(m: int, n: int, k: int, impls: set[str] | None) -> list[Case]:
             Case("w8a8_outlier", "compress fp32", lambda: w8o(x32, q8t, s8, idx, ow),
                  int8_bytes + ow.numel() * 2),
         ]
+    if want("compress"):
+        # the weight-row-lane layouts the runtime prepares on AVX-512 VNNI CPUs without AMX
+        # (int4 also on AVX2): ratios against the row-tiled ops above
+        if w4a8_lanes_supported(k, GROUP):
+            ql, sl, zl = (huge_page_copy(t) for t in w4a8_prepare_lanes(qweight, scales, zeros))
+            lanes_bytes = ql.numel() * 4 + sl.numel() * 5
+            w4l, w48l = torch.ops.compress.w4a16_gemm_lanes, torch.ops.compress.w4a8_gemm_lanes
+            cases += [Case("w4a16", "compress lanes fp32", lambda: w4l(x32, ql, sl, zl, GROUP, n), lanes_bytes),
+                      Case("w4a8", "compress lanes fp32", lambda: w48l(x32, ql, sl, zl, GROUP, n), lanes_bytes)]
+        if k <= W8_LANES_MAX_K:
+            q8l, s8l, r8l = (huge_page_copy(t) for t in w8a8_prepare_lanes(q8, s8))
+            w8l = torch.ops.compress.w8a8_gemm_lanes
+            cases.append(Case("w8a8", "compress lanes fp32", lambda: w8l(x32, q8l, s8l, r8l, n),
+                              q8l.numel() + s8l.numel() * 8))
     if want("compress") and m == 1:
         # the same bytes read by the bandwidth probe's loop, cold, in the same rounds: what
         # M = 1 could reach in this sitting (the 1 GiB probe before / after drifts with it)
@@ -324,7 +339,7 @@ def _large_m_summary(records: list[Record], peaks: dict, log, *, isa: str, int16
     ratios = []
     used = {}  # recipe -> its peak, for the closing line
     for r in records:
-        if r.op != "w8a8" or not r.implementation.startswith("compress") or r.M < 64:
+        if r.op != "w8a8" or not r.implementation.startswith("compress") or "lanes" in r.implementation or r.M < 64:
             continue
         base = fp32.get((r.M, r.N, r.K))
         gmacs = r.gflops / 2
@@ -366,6 +381,8 @@ def _ratios(r: Record, by_impl: dict) -> str:
         key = (own, b) if (own, b) in by_impl else ("dense", b)
         if key in by_impl:
             parts.append(f"{by_impl[key].median_s / r.median_s:.2f}x {b.replace('torch ', '')}")
+    if "lanes" in r.implementation and (r.op, "compress fp32") in by_impl:
+        parts.insert(0, f"{by_impl[(r.op, 'compress fp32')].median_s / r.median_s:.2f}x the row-tiled compress fp32")
     if r.op == "w8a8_outlier" and ("w8a8", r.implementation) in by_impl:
         parts.append(f"{r.median_s / by_impl[('w8a8', r.implementation)].median_s:.3f}x time of w8a8")
     return ", ".join(parts)

@@ -45,7 +45,7 @@ def test_stream_shapes_run_at_m1_only_and_are_summarised(monkeypatch):
     assert {(32, 128, 1), (64, 256, 1), (64, 256, 3)} <= shapes and (32, 128, 3) not in shapes
     assert out["last_level_cache_bytes"] == 1024
     verdicts = [line for line in lines if "larger than the 0 MiB last-level cache" in line]
-    assert len(verdicts) == 2 and "over 4 cases" in verdicts[0]  # w4a16: fp32 + bf16 x 2 shapes
+    assert len(verdicts) == 2 and "over 6 cases" in verdicts[0]  # w4a16: fp32, bf16, lanes fp32 x 2 shapes
     assert all("target 85%" in v for v in verdicts)
 
 
