@@ -38,6 +38,7 @@ def int4_lanes_wanted(activations: str = DEFAULT_W4_ACTIVATIONS) -> bool:
         return False
     return activations != "int8" or not w4a16_amx_available()
 
+
 def int8_lanes_wanted(k: int) -> bool:
     """Whether this CPU runs a W8A8 layer of K inputs on the lanes layout: AVX-512 VNNI
     without AMX-INT8 (whose tiles read the row-tiled layout), K within the layout's int32
@@ -280,13 +281,14 @@ class Int8Linear(_CpuTiledWeight, _OpLinear):
         self.register_buffer("weight_scale", weight_scale)
 
     def prepare(self, backend: str = "native") -> None:
-        if self.lanes is not None:
-            self.qweight, self.lanes = w8a8_unprepare_lanes(self.qweight, self.out_features, self.in_features), None
+        # from the canonical tensor whichever layout an earlier prepare left (lanes or tiled)
+        self.qweight = self.canonical_qweight()
+        self.lanes, self.qweight_tiled = None, False
         super().prepare(backend)
         self.weight_scale = self.weight_scale.contiguous()
         if backend == "native" and self.qweight.device.type == "cpu" and int8_lanes_wanted(self.in_features):
             q, scale, rowsum = w8a8_prepare_lanes(self.qweight.contiguous(), self.weight_scale)
-            self.qweight, self.qweight_tiled = q, False
+            self.qweight = q
             self.lanes = (scale, rowsum, torch.tensor([self.out_features], dtype=torch.int64))
             return
         self._retile(backend)

@@ -231,6 +231,24 @@ def test_int8_linear_takes_the_lanes_layout_and_restores_the_canonical_one(lanes
     assert torch.equal(layer(x), native)
 
 
+@pytest.mark.skipif(not native_available("cpu"), reason="native CPU kernels not built")
+def test_int8_linear_prepared_again_after_the_switch_starts_from_canonical_weights(monkeypatch):
+    """A layer prepared row-tiled, then prepared again with the lanes layout wanted (or the
+    other way), lays out its canonical weights, not the previous layout's bytes."""
+    from compress.runtime import layers
+    if not layers.int8_lanes_wanted(128):
+        pytest.skip("the W8A8 lanes layout is prepared on AVX-512 VNNI CPUs without AMX only")
+    q8, s8 = rtn_int8(torch.randn(70, 128))  # K % 64 == 0: row tiling moves bytes
+    layer = Int8Linear(q8.clone(), s8.clone())
+    x = torch.randn(5, 128)
+    want = torch.ops.compress.w8a8_gemm_prepared(x, reference_tile(q8), s8)
+    for lanes in (False, True, False):
+        monkeypatch.setattr(layers, "INT8_LANES", lanes)
+        layer.prepare("native")
+        assert (layer.lanes is not None) == lanes
+        assert torch.equal(layer.canonical_qweight(), q8) and torch.equal(layer(x), want)
+
+
 def reference_tile(q8):
     from compress.ops.reference import w8a8_tile_cpu
     return w8a8_tile_cpu(q8)
