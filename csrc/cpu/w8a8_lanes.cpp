@@ -39,7 +39,6 @@ namespace {
 using lanes::kLaneRows;
 constexpr int64_t kQuadBytes = 64;       // one 4-k quad of a tile: 16 rows x 4 bytes
 constexpr int64_t kMaxK = 65536;         // reference.W8_LANES_MAX_K
-constexpr int64_t kPrefetchAhead = 2048; // bytes of a tile's stream asked for ahead
 
 struct W8LaneArgs {
   int64_t M, N, K, Q, T;   // Q: quads a row (ceil(K / 4)), T: tiles
@@ -60,6 +59,9 @@ inline void dpbusd(__m512i& acc, __m512i x, __m512i w) { asm("vpdpbusd %2, %1, %
 
 // Rows [m0, m0 + MT) against tiles t .. t + NT - 1. With few sums in flight (MT x NT <= 4,
 // decode) each is split over even and odd quads (two chains; integer sums: the same).
+// w8_lanes_vnni calls NT = 1 only; the same body written for one tile (scalar pointers, a
+// 2-D accumulator array) had GCC 12 keep the 16 accumulators on the stack (M = 16 at 1.42x
+// the row-tiled op instead of 2.43x), so the NT form stays.
 template <int MT, int NT>
 void w8_lanes_tile(const W8LaneArgs& a, int64_t t, int64_t m0) {
   constexpr int kChains = MT * NT <= 4 ? 2 : 1;
@@ -76,7 +78,7 @@ void w8_lanes_tile(const W8LaneArgs& a, int64_t t, int64_t m0) {
   do {                                                                                                   \
     __m512i w[NT];                                                                                       \
     for (int u = 0; u < NT; ++u) {                                                                       \
-      const int64_t at = (jj) * kQuadBytes + kPrefetchAhead;                                             \
+      const int64_t at = (jj) * kQuadBytes + w8::kPrefetchBytes;                                           \
       _mm_prefetch(reinterpret_cast<const char*>(wt[u] + (at < tile_bytes ? at : at + (NT - 1) * tile_bytes)), \
                    _MM_HINT_T0);                                                                         \
       w[u] = _mm512_loadu_si512(wt[u] + (jj) * kQuadBytes);                                              \
