@@ -78,12 +78,9 @@ def _fake_gemm(x, qweight, *args, **kwargs):
     return x.new_empty((x.shape[0], qweight.shape[0]))
 
 
-def _fake_gemm_lanes(x, qweight, scale, zeros, group_size, n):
-    return x.new_empty((x.shape[0], n))
-
-
-def _fake_gemm_w8_lanes(x, qweight, scale, rowsum, n):
-    return x.new_empty((x.shape[0], n))
+def _fake_gemm_lanes(x, *weights_then_n):
+    """The lanes ops (int4 and int8): their last argument is the number of outputs."""
+    return x.new_empty((x.shape[0], weights_then_n[-1]))
 
 
 def _fake_quantize_per_token_int8(x):
@@ -129,7 +126,7 @@ FAKES = {
     "w8a8_gemm": _fake_gemm,
     "w8a8_outlier_gemm": _fake_gemm,
     "w8a8_gemm_prepared": _fake_gemm,
-    "w8a8_gemm_lanes": _fake_gemm_w8_lanes,
+    "w8a8_gemm_lanes": _fake_gemm_lanes,
     "w8a8_outlier_gemm_prepared": _fake_gemm,
     "quantize_per_token_int8": _fake_quantize_per_token_int8,
     "rms_norm": _fake_rms_norm,

@@ -54,8 +54,7 @@ int64_t decode_linear_tensors(const std::string& scheme) {
   if (scheme == "dense") return 1;
   TORCH_CHECK(false, "DecodePlan: unknown linear scheme '", scheme,
               "'; expected w4a16_prepared, w4a8_prepared, w4a16_lanes, w4a8_lanes, w8a8_prepared, w8a8_lanes, "
-              "llm_int8_prepared, "
-              "llm_int8_guarded_prepared or dense");
+              "llm_int8_prepared, llm_int8_guarded_prepared or dense");
 }
 
 bool is_lanes(const DecodeLinear& l) {
