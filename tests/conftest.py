@@ -9,6 +9,26 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import make_tiny_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
+# the largest test writes ~1.7 GB under tmp_path (a 180M-parameter float32 model and its exports)
+DISK_NEEDED = 3 * 2**30
+
+
+def pytest_sessionstart(session):
+    """Names the free space where tmp_path lives when it is short, first thing in the run:
+    a full disk otherwise shows up as a wall of unrelated setup errors."""
+    import shutil
+    import tempfile
+
+    config = session.config
+    base = Path(config.option.basetemp or tempfile.gettempdir())
+    while not base.exists():
+        base = base.parent
+    free = shutil.disk_usage(base).free
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if free < DISK_NEEDED and reporter is not None:
+        reporter.write_line(f"WARNING: {free / 2**30:.1f} GiB free under {base}, less than the "
+                            f"{DISK_NEEDED / 2**30:.0f} GiB the largest tests write: expect "
+                            "'No space left on device' errors", yellow=True, bold=True)
 
 
 @pytest.fixture(scope="session")
