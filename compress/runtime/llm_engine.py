@@ -174,7 +174,8 @@ class LLMEngine:
     # ------------------------------------------------------------------ a step
     def step(self) -> list[RequestOutput]:
         """One iteration; the outputs of the requests that got a token or finished."""
-        batch = self.scheduler.schedule()
+        batch = self.scheduler.schedule(decode_only=self.prefill_cap is not None
+                                        and self.prefill_cap.wants_decode_only())
         outputs = [self._finished(seq) for seq in batch.finished]
         if not batch:
             return outputs

@@ -8,7 +8,14 @@ grows with the prompt's context (attention over every earlier position) and with
 number of rows the GEMMs already run. ``PrefillCap`` keeps the cap where a mixed step takes
 about ``ratio`` times a decode-only step:
 
-* decode-only steps give the baseline, an exponential average of their seconds;
+* decode-only steps give the baseline, an exponential average of their seconds. A decode
+  step slows as its rows' contexts grow, so a baseline last measured many steps ago
+  makes the prompt tokens look dear (the growth is put on them) and the cap falls to one
+  token: while a long prompt is chunked there may be no decode-only step at all. So the
+  engine asks for one (``wants_decode_only``) when there is no baseline yet or the last
+  was ``refresh`` mixed steps ago, and the scheduler gives that step no prompt tokens.
+  Such a step weighs 0.5 in the average (0.2 is too slow for samples ``refresh`` steps
+  apart: the cap then settled at half its goal while decode steps slowed 0.5% a step);
 * each mixed step gives the marginal cost of its prompt tokens, (mixed - baseline) / n,
   averaged the same way; the goal is the whole tokens that cost at most (ratio - 1) x
   baseline at that rate; the cap moves halfway down to a lower goal, and up to a higher
@@ -24,15 +31,24 @@ import math
 
 
 class PrefillCap:
-    def __init__(self, ratio: float, limit: int, start: int = 16, smoothing: float = 0.2):
+    def __init__(self, ratio: float, limit: int, start: int = 16, smoothing: float = 0.2, refresh: int = 8):
         if not ratio > 1.0 or not math.isfinite(ratio):
             raise ValueError(f"max_itl_ratio must be a number > 1 (a mixed step's time over a decode step's), got {ratio}")
         if limit < 1:
             raise ValueError(f"the prompt-token limit must be >= 1, got {limit}")
+        if refresh < 1:
+            raise ValueError(f"refresh (mixed steps between decode-only ones) must be >= 1, got {refresh}")
+        self.refresh = int(refresh)
+        self.mixed_since_baseline = 0
         self.ratio, self.limit, self.smoothing = float(ratio), int(limit), float(smoothing)
         self.cap = max(1, min(int(start), self.limit))
         self.decode_seconds: float | None = None   # the baseline, once a decode-only step was seen
         self.token_seconds: float | None = None    # a prompt token's cost in a mixed step (averaged)
+
+    def wants_decode_only(self) -> bool:
+        """Whether the next step that runs decodes should take no prompt tokens, to measure
+        the baseline: none yet, or ``refresh`` mixed steps since the last."""
+        return self.decode_seconds is None or self.mixed_since_baseline >= self.refresh
 
     def observe(self, seconds: float, decode_rows: int, prompt_tokens: int) -> int:
         """One step's time with its decode rows and prompt tokens; returns the cap for the
@@ -41,11 +57,14 @@ class PrefillCap:
             return self.cap
         if prompt_tokens == 0:
             d = self.decode_seconds
-            self.decode_seconds = seconds if d is None else d + self.smoothing * (seconds - d)
+            weight = self.smoothing if self.mixed_since_baseline == 0 else max(self.smoothing, 0.5)
+            self.decode_seconds = seconds if d is None else d + weight * (seconds - d)
+            self.mixed_since_baseline = 0
             return self.cap
         base = self.decode_seconds
         if base is None:
             return self.cap
+        self.mixed_since_baseline += 1
         cost = max(seconds - base, 1e-3 * base) / prompt_tokens
         c = self.token_seconds
         self.token_seconds = cost if c is None else c + self.smoothing * (cost - c)

@@ -84,16 +84,19 @@ class Scheduler:
         self.block_manager.free(seq)
 
     # ------------------------------------------------------------------ one step
-    def schedule(self) -> ScheduledBatch:
+    def schedule(self, decode_only: bool = False) -> ScheduledBatch:
+        """The next step's rows. ``decode_only`` (chunked prefill): a step that runs
+        decodes takes no prompt tokens (``PrefillCap`` measuring its baseline); a step
+        without decodes is unchanged."""
         bm = self.block_manager
         out = ScheduledBatch()
         budget = self.max_num_batched_tokens
         running = self.running
         # prompt tokens this step may still take (None: only the budget counts)
         prefill_left = None
-        if (self.enable_chunked_prefill and self.max_prefill_tokens_with_decodes is not None
+        if (self.enable_chunked_prefill and (decode_only or self.max_prefill_tokens_with_decodes is not None)
                 and any(s.num_tokens - s.num_computed_tokens == 1 for s in running)):
-            prefill_left = self.max_prefill_tokens_with_decodes
+            prefill_left = 0 if decode_only else self.max_prefill_tokens_with_decodes
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]

@@ -43,6 +43,47 @@ def test_cap_ignores_steps_without_decodes_and_waits_for_a_baseline():
     assert cap.decode_seconds == pytest.approx(0.022)               # exponential average, weight 0.2
 
 
+def test_a_stale_baseline_asks_for_a_decode_only_step():
+    """No baseline yet, or ``refresh`` mixed steps since the last decode-only step: the
+    engine is asked for a step without prompt tokens."""
+    cap = PrefillCap(1.5, limit=64, start=8, refresh=3)
+    assert cap.wants_decode_only()                                   # no baseline at all
+    cap.observe(0.02, decode_rows=4, prompt_tokens=0)
+    assert not cap.wants_decode_only()
+    for _ in range(2):
+        cap.observe(0.03, decode_rows=4, prompt_tokens=cap.cap)
+        assert not cap.wants_decode_only()
+    cap.observe(0.03, decode_rows=4, prompt_tokens=cap.cap)
+    assert cap.wants_decode_only()
+    cap.observe(0.5, decode_rows=0, prompt_tokens=64)                # prefill-only: not a baseline
+    assert cap.wants_decode_only()
+    cap.observe(0.021, decode_rows=4, prompt_tokens=0)
+    assert not cap.wants_decode_only()
+
+
+@pytest.mark.parametrize("refresh", [8, 10**9], ids=["refreshed", "never-refreshed"])
+def test_the_cap_holds_while_decode_steps_slow_down(refresh):
+    """Decode steps slow by 0.5% a step (their contexts grow) while prompt tokens cost 1 ms
+    each: with the baseline refreshed (a decode-only step when the engine is asked), the
+    cap stays near the goal, (ratio - 1) x the decode step's time over a token's; measured
+    once, the baseline goes stale, the growth is put on the prompt tokens and the cap
+    falls to one token (what a long prompt among running requests hit)."""
+    cap = PrefillCap(1.5, limit=512, start=16, refresh=refresh)
+    decode = 0.010
+    cap.observe(decode, decode_rows=6, prompt_tokens=0)
+    for _ in range(300):
+        decode *= 1.005
+        if cap.wants_decode_only():
+            cap.observe(decode, decode_rows=6, prompt_tokens=0)
+        else:
+            cap.observe(decode + 0.001 * cap.cap, decode_rows=6, prompt_tokens=cap.cap)
+    goal = int(0.5 * decode / 0.001)          # 22 tokens at the end
+    if refresh == 8:
+        assert goal * 0.7 <= cap.cap <= goal
+    else:
+        assert cap.cap == 1
+
+
 @pytest.mark.parametrize("ratio", [1.0, 0.5, float("nan"), float("inf")])
 def test_bad_ratios_are_refused(ratio):
     with pytest.raises(ValueError, match="max_itl_ratio"):
@@ -62,12 +103,20 @@ def test_engine_sizes_the_cap_and_keeps_every_request_s_tokens(llama_dir):
     for _ in range(4):
         eng.step()
     eng.add_request("long", prompts[2], params)
+    eng.prefill_cap.refresh = 2
     outs = {}
+    decode_only_steps_while_long_prefilled = 0
     while eng.has_unfinished():
+        long = eng.requests.get("long")
+        prefilled_before = None if long is None else long.num_computed_tokens
         for o in eng.step():
             if o.finished:
                 outs[o.request_id] = o.token_ids
+        if (long is not None and 0 < long.num_computed_tokens == prefilled_before < len(prompts[2])
+                and any(r in eng.requests for r in ("r0", "r1"))):
+            decode_only_steps_while_long_prefilled += 1
     assert eng.prefill_cap.decode_seconds is not None
+    assert decode_only_steps_while_long_prefilled >= 1
     assert eng.scheduler.max_prefill_tokens_with_decodes == eng.prefill_cap.cap
     want = plain.generate(prompts, params)
     assert [outs["r0"], outs["r1"], outs["long"]] == [o.token_ids for o in want]

@@ -12,10 +12,10 @@ def seq(n: int, rid: str, max_tokens: int = 100) -> Sequence:
     return Sequence(rid, None, list(range(2, n + 2)), SamplingParams(max_tokens=max_tokens, ignore_eos=True), set())
 
 
-def run_step(sched: Scheduler) -> list[tuple[str, int]]:
+def run_step(sched: Scheduler, decode_only: bool = False) -> list[tuple[str, int]]:
     """Schedules a step, then does what the engine does: tokens computed, a token
     appended to each sequence that finished its known tokens."""
-    batch = sched.schedule()
+    batch = sched.schedule(decode_only=decode_only)
     for s, n in zip(batch.seqs, batch.num_new_tokens):
         s.num_computed_tokens += n
         if s.num_computed_tokens == s.num_tokens:
@@ -55,6 +55,29 @@ def test_prefill_cap_while_decoding():
     # next's last prompt token is a one-token step, as a decode is: later gets the 3
     assert run_step(sched) == [("long", 1), ("d", 1), ("next", 1), ("later", 3)]
     assert run_step(sched) == [("long", 1), ("d", 1), ("next", 1), ("later", 3)]
+
+
+def test_a_decode_only_step_takes_no_prompt_tokens_while_something_decodes():
+    """schedule(decode_only=True), the step PrefillCap measures its baseline on: running
+    prompts and waiting ones wait while a sequence decodes; with nothing decoding the
+    prompts take the budget as usual (nobody's gap to protect)."""
+    sched = Scheduler(BlockManager(64, 4), max_num_seqs=8, max_num_batched_tokens=16, max_prefill_tokens_with_decodes=3)
+    sched.add(seq(20, "long"))
+    assert run_step(sched, decode_only=True) == [("long", 16)]      # nothing decodes
+    sched.add(seq(2, "d"))
+    assert run_step(sched) == [("long", 4), ("d", 2)]
+    sched.add(seq(10, "next"))
+    assert run_step(sched, decode_only=True) == [("long", 1), ("d", 1)]   # next waits, uncounted
+    assert [s.request_id for s in sched.waiting] == ["next"]
+    assert run_step(sched) == [("long", 1), ("d", 1), ("next", 3)]
+    # without a cap too: decode_only alone holds the prompts back
+    free = Scheduler(BlockManager(64, 4), max_num_seqs=8, max_num_batched_tokens=16)
+    free.add(seq(2, "d"))
+    run_step(free)
+    free.add(seq(30, "p"))
+    assert run_step(free, decode_only=True) == [("d", 1)]
+    assert run_step(free) == [("d", 1), ("p", 15)]
+    assert run_step(free, decode_only=True) == [("d", 1)]
 
 
 def test_without_chunking_a_prompt_runs_whole():
