@@ -7,7 +7,8 @@
 // GEMM's (set_w4a8_panel_min_rows, w4a8_panel_min_rows), the lanes op's tile pairs
 // (set_w4a8_lanes_pair_min_rows, w4a8_lanes_pair_min_rows), the
 // float W4A16 op's at::mm threshold (set_w4a16_mm_min_rows, w4a16_mm_min_rows), paged
-// attention's group and row kernel switches (set_paged_group_kernel, set_paged_row_kernel), the
+// attention's group and row kernel switches (set_paged_group_kernel, set_paged_row_kernel) and
+// the group kernel's fewest rows (set_paged_group_min_rows, paged_group_min_rows), the
 // compute-peak probe and the DecodePlan class (decode_plan.cpp).
 #include <Python.h>
 
@@ -38,6 +39,8 @@ static PyObject* py_set_cpu_isa(PyObject*, PyObject* arg) {
 namespace compress_cpu {
 bool set_paged_group_kernel(bool on);   // paged_attention.cpp
 bool set_paged_row_kernel(bool on);     // paged_attention.cpp
+int64_t set_paged_group_min_rows(int64_t rows);   // paged_attention.cpp
+int64_t paged_group_min_rows_now();
 bool set_w4a8_shared_unpack(bool on);   // w4a8_gemm.cpp
 }
 
@@ -93,6 +96,9 @@ static PyObject* py_set_w4a16_panel_min_rows(PyObject*, PyObject* arg) {
 }
 static PyObject* py_set_w4a8_lanes_pair_min_rows(PyObject*, PyObject* arg) {
   return set_min_rows("set_w4a8_lanes_pair_min_rows", arg, compress_cpu::lanes::set_pair_min_rows);
+}
+static PyObject* py_set_paged_group_min_rows(PyObject*, PyObject* arg) {
+  return set_min_rows("set_paged_group_min_rows", arg, compress_cpu::set_paged_group_min_rows);
 }
 static PyObject* py_set_w4a16_mm_min_rows(PyObject*, PyObject* arg) {
   return set_min_rows("set_w4a16_mm_min_rows", arg, compress_cpu::w4::set_float_mm_min_rows);
@@ -157,6 +163,11 @@ static PyMethodDef compress_c_methods[] = {
     {"set_paged_row_kernel", py_set_paged_row_kernel, METH_O,
      "Whether paged attention runs a row that attends alone (a decode row) through its AVX-512 row kernel "
      "where the CPU has it (default True; the per-row loops' bits); returns the previous setting."},
+    {"set_paged_group_min_rows", py_set_paged_group_min_rows, METH_O,
+     "Fewest rows sharing their keys (a prompt chunk) that take paged attention's AVX-512 group kernel; "
+     "fewer take the row kernel one row after the other (same bits); returns the previous value."},
+    {"paged_group_min_rows", py_get_rows<compress_cpu::paged_group_min_rows_now>, METH_NOARGS,
+     "Fewest rows sharing their keys that take the group kernel (set_paged_group_min_rows)."},
     {"set_w4a8_shared_unpack", py_set_w4a8_shared_unpack, METH_O,
      "Whether the int8-activation int4 GEMM's few-row tiles (below the panel GEMM's rows, AVX-512 VNNI) unpack "
      "each weight chunk once for up to eight activation rows (default True) instead of once per row; returns "

@@ -59,6 +59,15 @@ bool set_paged_group_kernel(bool on) { return paged_group_kernel.exchange(on); }
 // (attend_row_avx512) where the CPU has it; off, the per-row loops (tests compare).
 std::atomic<bool> paged_row_kernel{true};
 bool set_paged_row_kernel(bool on) { return paged_row_kernel.exchange(on); }
+// Fewest rows sharing their keys that take the group kernel; fewer take the row kernel one
+// row after the other (same bits; the item's keys come from DRAM for the first row and from
+// L2 for the next). The group kernel's work per key is the same for 1 row as for 16 / group
+// (its lanes are q heads of rows), so a long prompt's few-token chunk paid for a full tile
+// (345M, 1,750 keys, 2 threads: 2-8 rows ~400 us a layer against ~99 us for one row).
+constexpr int64_t kGroupMinRowsDefault = 5;
+std::atomic<int64_t> paged_group_min_rows{kGroupMinRowsDefault};
+int64_t set_paged_group_min_rows(int64_t rows) { return paged_group_min_rows.exchange(rows); }
+int64_t paged_group_min_rows_now() { return paged_group_min_rows.load(std::memory_order_relaxed); }
 
 namespace {
 
@@ -428,6 +437,7 @@ void paged_avx2(const Paged& a, const T* q, const TKV* k, const TKV* v, T* out) 
   const bool group_kernel = active_isa() == Isa::Avx512Vnni && D % 16 == 0 && group <= 16 && group_attention_on();
   const bool row_kernel = active_isa() == Isa::Avx512Vnni && D % 16 == 0 && D <= kRowKernelMaxD &&
                           paged_row_kernel.load(std::memory_order_relaxed);
+  const int64_t group_min_rows = paged_group_min_rows_now();
   parallel_grabs(static_cast<int64_t>(groups.size()) * a.Hkv, 1, [&](const auto& take) {
     // reused by this thread from call to call (a decode step makes one call a layer)
     thread_local std::vector<float> qf, scores, kbuf, vbuf, obuf;
@@ -440,12 +450,14 @@ void paged_avx2(const Paged& a, const T* q, const TKV* k, const TKV* v, T* out) 
       const int64_t b0 = groups[begin / a.Hkv].first, nrows = groups[begin / a.Hkv].second, hk = begin % a.Hkv;
       int64_t first, Smax;
       a.span(b0 + nrows - 1, &first, &Smax);   // the group's union: the last row's span
-      if (nrows > 1 && group_kernel) {  // first == 0 here: groups of more than one row have no window
+      if (nrows > 1 && group_kernel && (nrows >= group_min_rows || !row_kernel)) {
+        // first == 0 here: groups of more than one row have no window
         attend_group(a, q, k, v, out, b0, nrows, hk, Smax, ktiles, vtiles, kbuf, vbuf);
         continue;
       }
-      if (nrows == 1 && row_kernel) {   // a decode row: its keys in place, zmm wide
-        attend_row_avx512(a, q, k, v, out, b0, hk, qf, scores, obuf, krowp, vrowp);
+      if (row_kernel && (nrows == 1 || group_kernel)) {   // decode rows, or a few rows of a chunk
+        for (int64_t row = 0; row < nrows; ++row)
+          attend_row_avx512(a, q, k, v, out, b0 + row, hk, qf, scores, obuf, krowp, vrowp);
         continue;
       }
       const int64_t ks = item_runs(a, k, a.ks0, a.ks1, a.ks2, b0 + nrows - 1, hk, first, Smax, kruns, kbuf);

@@ -214,3 +214,37 @@ def test_row_kernel_runs_the_loops_operations(kv_dtype, heads, block_size, head_
     assert torch.equal(got, loops)
     want = reference.paged_decode_attention(q, k, v, tables, ctx, window)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("heads", [(16, 8), (12, 4), (8, 1)], ids=lambda h: f"{h[0]}q{h[1]}kv")
+def test_few_chunk_rows_take_the_row_kernel_with_the_same_bits(kv_dtype, heads):
+    """A chunk of fewer rows than ``set_paged_group_min_rows`` (a long prompt's few-token
+    chunk beside running decodes) takes the row kernel one row after the other: the bits
+    of the group kernel and of the per-row loops, whichever way 2..7 rows are routed."""
+    import compress.ops as ops
+    if "avx512_vnni" not in ops.cpu_isas_available():
+        pytest.skip("no AVX-512 VNNI on this CPU: neither kernel is taken")
+    import compress._C as C
+    hq, hkv = heads
+    _, k, v, table, _ = paged_case([140], hq, hkv, 64, kv_dtype=kv_dtype, block_size=16, spare_blocks=3, seed=5)
+    op = torch.ops.compress.paged_decode_attention
+    before = C.set_paged_group_min_rows(C.paged_group_min_rows())
+    try:
+        for n in range(2, 8):
+            lens = torch.arange(131, 131 + n, dtype=torch.int32)
+            tables = table.repeat(n, 1)
+            q = torch.randn(n, hq, 64, generator=torch.Generator().manual_seed(n))
+            C.set_paged_group_min_rows(100)
+            rows = op(q, k, v, tables, lens, 0)
+            C.set_paged_group_min_rows(1)
+            group = op(q, k, v, tables, lens, 0)
+            C.set_paged_group_kernel(False)
+            loops = op(q, k, v, tables, lens, 0)
+            C.set_paged_group_kernel(True)
+            assert torch.equal(rows, group) and torch.equal(rows, loops), n
+    finally:
+        C.set_paged_group_kernel(True)
+        C.set_paged_group_min_rows(before)
+    with pytest.raises(ValueError, match="rows must be >= 1"):
+        C.set_paged_group_min_rows(0)
