@@ -21,7 +21,10 @@ about ``ratio`` times a decode-only step:
   baseline at that rate; the cap moves halfway down to a lower goal, and up to a higher
   one by half its value at the most (a step that ran fast by chance must not make the
   next step a long one);
-* it starts at ``start`` tokens and stays within 1 .. ``limit``.
+* it starts at ``start`` tokens (default 1: until a mixed step has priced a prompt
+  token, any larger chunk may be the step that stalls everyone; a long prompt arriving
+  among decodes had taken 16 tokens at once, 2.35x a decode step) and stays within
+  1 .. ``limit``; from 1 it climbs 2, 3, 4, 6, 9, ... while steps allow.
 
 Steps without decodes (nothing to delay) and steps of other shapes are ignored.
 """
@@ -31,7 +34,7 @@ import math
 
 
 class PrefillCap:
-    def __init__(self, ratio: float, limit: int, start: int = 16, smoothing: float = 0.2, refresh: int = 8):
+    def __init__(self, ratio: float, limit: int, start: int = 1, smoothing: float = 0.2, refresh: int = 8):
         if not ratio > 1.0 or not math.isfinite(ratio):
             raise ValueError(f"max_itl_ratio must be a number > 1 (a mixed step's time over a decode step's), got {ratio}")
         if limit < 1:

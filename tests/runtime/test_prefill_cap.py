@@ -23,6 +23,17 @@ def test_cap_settles_where_a_mixed_step_takes_ratio_decode_steps():
     assert climb[-1] == 512
 
 
+def test_the_cap_starts_at_one_token_and_climbs_while_steps_allow():
+    """Before a mixed step has priced a prompt token, the cap is one token (a larger first
+    chunk may be the step that stalls every running request); cheap tokens raise it by
+    half a step."""
+    cap = PrefillCap(1.5, limit=64)
+    assert cap.cap == 1
+    cap.observe(0.020, decode_rows=6, prompt_tokens=0)
+    climb = [cap.observe(0.020 + 1e-5 * cap.cap, decode_rows=6, prompt_tokens=cap.cap) for _ in range(9)]
+    assert climb == [2, 3, 4, 6, 9, 13, 19, 28, 42]
+
+
 def test_one_fast_step_does_not_make_the_next_one_long():
     """A mixed step that ran faster than the decode baseline (noise) leaves the cap at most
     half again as large."""
