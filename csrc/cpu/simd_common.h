@@ -93,6 +93,14 @@ COMPRESS_TARGET("avx2") inline float hsum256_ps(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// Maximum of the 8 floats of an AVX register (AVX2 code only).
+COMPRESS_TARGET("avx2") inline float hmax256_ps(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
 // The four sums of the 8 floats of c0..c3, as one 4-float vector (three hadds instead of
 // four horizontal sums; AVX2 code only).
 COMPRESS_TARGET("avx2") inline __m128 hsum4x256_ps(__m256 c0, __m256 c1, __m256 c2, __m256 c3) {
