@@ -29,11 +29,8 @@
 namespace compress_cpu {
 namespace w8 {
 
-// Per-token quantization of every row (w8a8_common.h: quantize_row); with `x16`, each
-// row also widened to int16 while it is in cache (the int16 GEMM's activations); with
-// `amax`, each row's absmax outside the outlier columns.
-inline void quantize_rows(const at::Tensor& x, const int64_t* idx, int64_t C, int64_t Kp, int8_t* qx,
-                          uint8_t* ax, float* sx, float* xo, int16_t* x16, float* amax) {
+void quantize_rows(const at::Tensor& x, const int64_t* idx, int64_t C, int64_t Kp, int8_t* qx, uint8_t* ax,
+                   float* sx, float* xo, int16_t* x16, float* amax) {
   const int64_t M = x.size(0), K = x.size(1);
   const bool avx2 = active_isa() >= Isa::Avx2;
   // fp32 rows without outlier columns are read in place (quantize_row writes to its row

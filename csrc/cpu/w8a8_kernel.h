@@ -18,6 +18,14 @@ at::Tensor run(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor&
                const at::Tensor* outlier_idx, const at::Tensor* outlier_weight, bool tiled, const char* op,
                at::Tensor* out = nullptr, c10::optional<double> threshold = c10::nullopt);
 
+// Per-token quantization of every row of x [M, K] (w8a8_common.h: quantize_row) into qx /
+// ax [M, Kp] (|qx|) and sx [M], rows in parallel; outlier columns idx [C] gathered into xo
+// [M, C] and zeroed (C = 0: none); with `x16`, each row also widened to int16 while it is
+// in cache (the int16 GEMM's activations); with `amax`, each row's absmax outside the
+// outlier columns. Used by run() and by the lanes op (w8a8_lanes.cpp).
+void quantize_rows(const at::Tensor& x, const int64_t* idx, int64_t C, int64_t Kp, int8_t* qx, uint8_t* ax,
+                   float* sx, float* xo, int16_t* x16, float* amax);
+
 // Fewest rows for which the AVX2 path takes the int16 GEMM (w8a8_i16_avx2.inc) instead
 // of the byte tiles (default kI16MinRows); returns the previous value. A tuning knob:
 // both give the same bits, and csrc/cpu/lab/ab_many_rows.py times one against the other.

@@ -9,8 +9,8 @@
 // - layout: per tile of 16 weight rows, per 4-k quad j, the 16 rows' 4 bytes side by side
 //   (64 bytes: one load); rows past N and k past K are zero; per tile the 16 rows' fp32
 //   scales and int32 row sums;
-// - activations are quantized per row as the other W8A8 kernels do (w8a8_common.h:
-//   quantize_row, the same bytes) and stored as q + 128 (unsigned), so one vpdpbusd per
+// - activations are quantized per row as the other W8A8 kernels do (w8::quantize_rows,
+//   the same bytes) and stored as q + 128 (unsigned), so one vpdpbusd per
 //   quad dots them with the signed weights, no sign fix-up; 128 x the row sum comes off the
 //   int32 sum at the end (exact: K <= 65536 keeps (q + 128) . w inside int32);
 // - outputs: float(sum) x the row's scale x the weight row's scale, the row-tiled
@@ -26,12 +26,12 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
-#include <vector>
 
 #include "cpu/kernel_common.h"
 #include "cpu/ops.h"
 #include "cpu/w4_lanes.h"
 #include "cpu/w8a8_common.h"
+#include "cpu/w8a8_kernel.h"
 
 namespace compress_cpu {
 namespace {
@@ -182,20 +182,14 @@ at::Tensor w8_lanes_run(const at::Tensor& x_in, const at::Tensor& qweight, const
   const int64_t M = x.size(0), K = x.size(1), Q = ceil_div(K, 4), Kp = Q * 4;
   at::Tensor y = out ? *out : at::empty({M, n}, x.options().dtype(at::kFloat));
   if (M == 0) return out ? y : float_to_activation_dtype(y, x.scalar_type());
-  // the rows as q + 128 [M, Kp], then their scales [M] (Kp % 4 == 0: aligned for floats)
-  const std::unique_ptr<uint8_t[]> work(new uint8_t[M * Kp + M * sizeof(float)]);
+  // the rows quantized as the other W8A8 ops do ([M, Kp] bytes, |q| beside them, scales
+  // [M]), then q + 128 in place: the unsigned bytes vpdpbusd takes (q ^ 0x80 as a byte)
+  const std::unique_ptr<uint8_t[]> work(new uint8_t[2 * M * Kp + M * sizeof(float)]);
   uint8_t* xu = work.get();
-  float* sx = reinterpret_cast<float*>(work.get() + M * Kp);
-  const bool avx2 = active_isa() >= Isa::Avx2;
-  at::parallel_for(0, M, 8, [&](int64_t m0, int64_t m1) {
-    std::vector<float> buf(K);
-    std::vector<int8_t> q(Kp);
-    std::vector<uint8_t> absq(Kp);
-    for (int64_t m = m0; m < m1; ++m) {
-      row_to_float(x, m, buf.data());
-      sx[m] = w8::quantize_row(buf.data(), K, nullptr, 0, Kp, avx2, q.data(), absq.data(), nullptr);
-      for (int64_t k = 0; k < Kp; ++k) xu[m * Kp + k] = static_cast<uint8_t>(q[k] + 128);
-    }
+  float* sx = reinterpret_cast<float*>(work.get() + 2 * M * Kp);   // Kp % 4 == 0: aligned
+  w8::quantize_rows(x, nullptr, 0, Kp, reinterpret_cast<int8_t*>(xu), xu + M * Kp, sx, nullptr, nullptr, nullptr);
+  at::parallel_for(0, M * Kp, 1 << 16, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) xu[i] ^= 0x80;
   });
   const W8LaneArgs a{M, n, K, Q, qweight.size(0), qweight.data_ptr<int8_t>(), scale.data_ptr<float>(),
                      rowsum.data_ptr<int32_t>(), xu, sx, y.data_ptr<float>()};
