@@ -44,22 +44,13 @@ int64_t paged_group_min_rows_now();
 bool set_w4a8_shared_unpack(bool on);   // w4a8_gemm.cpp
 }
 
-static PyObject* py_set_paged_group_kernel(PyObject*, PyObject* arg) {
+// The kernels' on / off switches: a setter that takes any truth value and returns the
+// previous setting.
+template <bool (*Setter)(bool)>
+static PyObject* py_set_switch(PyObject*, PyObject* arg) {
   const int on = PyObject_IsTrue(arg);
   if (on < 0) return nullptr;
-  return PyBool_FromLong(compress_cpu::set_paged_group_kernel(on != 0));
-}
-
-static PyObject* py_set_paged_row_kernel(PyObject*, PyObject* arg) {
-  const int on = PyObject_IsTrue(arg);
-  if (on < 0) return nullptr;
-  return PyBool_FromLong(compress_cpu::set_paged_row_kernel(on != 0));
-}
-
-static PyObject* py_set_w4a8_shared_unpack(PyObject*, PyObject* arg) {
-  const int on = PyObject_IsTrue(arg);
-  if (on < 0) return nullptr;
-  return PyBool_FromLong(compress_cpu::set_w4a8_shared_unpack(on != 0));
+  return PyBool_FromLong(Setter(on != 0));
 }
 
 // The kernels' row thresholds: a setter that checks rows >= 1 and returns the previous
@@ -157,10 +148,10 @@ static PyMethodDef compress_c_methods[] = {
      "Fewest rows for which w4a16_gemm* uses at::mm (set_w4a16_mm_min_rows)."},
     {"w4a16_amx_available", py_available<compress_cpu::amx_bf16_available>, METH_NOARGS,
      "Whether this CPU and OS let the W4A16 ops use AMX-BF16 tiles."},
-    {"set_paged_group_kernel", py_set_paged_group_kernel, METH_O,
+    {"set_paged_group_kernel", py_set_switch<compress_cpu::set_paged_group_kernel>, METH_O,
      "Whether paged attention runs rows that share their keys (a prompt chunk as one-token rows) through "
      "its AVX-512 group kernel where the CPU has it (default True); returns the previous setting."},
-    {"set_paged_row_kernel", py_set_paged_row_kernel, METH_O,
+    {"set_paged_row_kernel", py_set_switch<compress_cpu::set_paged_row_kernel>, METH_O,
      "Whether paged attention runs a row that attends alone (a decode row) through its AVX-512 row kernel "
      "where the CPU has it (default True; the per-row loops' bits); returns the previous setting."},
     {"set_paged_group_min_rows", py_set_paged_group_min_rows, METH_O,
@@ -168,7 +159,7 @@ static PyMethodDef compress_c_methods[] = {
      "fewer take the row kernel one row after the other (same bits); returns the previous value."},
     {"paged_group_min_rows", py_get_rows<compress_cpu::paged_group_min_rows_now>, METH_NOARGS,
      "Fewest rows sharing their keys that take the group kernel (set_paged_group_min_rows)."},
-    {"set_w4a8_shared_unpack", py_set_w4a8_shared_unpack, METH_O,
+    {"set_w4a8_shared_unpack", py_set_switch<compress_cpu::set_w4a8_shared_unpack>, METH_O,
      "Whether the int8-activation int4 GEMM's few-row tiles (below the panel GEMM's rows, AVX-512 VNNI) unpack "
      "each weight chunk once for up to eight activation rows (default True) instead of once per row; returns "
      "the previous setting."},

@@ -456,14 +456,15 @@ void paged_avx2(const Paged& a, const T* q, const TKV* k, const TKV* v, T* out) 
       const int64_t b0 = groups[begin / a.Hkv].first, nrows = groups[begin / a.Hkv].second, hk = begin % a.Hkv;
       int64_t first, Smax;
       a.span(b0 + nrows - 1, &first, &Smax);   // the group's union: the last row's span
-      if (nrows > 1 && group_kernel && (nrows >= group_min_rows || !row_kernel)) {
-        // first == 0 here: groups of more than one row have no window
-        attend_group(a, q, k, v, out, b0, nrows, hk, Smax, ktiles, vtiles, kbuf, vbuf);
-        continue;
-      }
-      if (row_kernel && (nrows == 1 || group_kernel)) {   // decode rows, or a few rows of a chunk
+      // a decode row, or a chunk of fewer rows than the group kernel pays off for (where
+      // the group kernel is off, a chunk keeps the loops that tests compare it with)
+      if (row_kernel && (nrows == 1 || (group_kernel && nrows < group_min_rows))) {
         for (int64_t row = 0; row < nrows; ++row)
           attend_row_avx512(a, q, k, v, out, b0 + row, hk, qf, scores, obuf, krowp, vrowp);
+        continue;
+      }
+      if (nrows > 1 && group_kernel) {  // first == 0 here: groups of more than one row have no window
+        attend_group(a, q, k, v, out, b0, nrows, hk, Smax, ktiles, vtiles, kbuf, vbuf);
         continue;
       }
       const int64_t ks = item_runs(a, k, a.ks0, a.ks1, a.ks2, b0 + nrows - 1, hk, first, Smax, kruns, kbuf);
