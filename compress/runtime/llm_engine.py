@@ -25,6 +25,7 @@ from compress.runtime.model_runner import ModelRunner
 from compress.runtime.models.llama import LlamaFamilyModel
 from compress.runtime.sampling import BatchSampler, SamplingParams, token_logprobs_topk
 from compress.runtime.prefill_cap import PrefillCap
+from compress.runtime.step_log import StepLog
 from compress.runtime.scheduler import Scheduler
 from compress.runtime.sequence import RequestOutput, Sequence, TokenLogprob
 
@@ -108,6 +109,7 @@ class LLMEngine:
         self._sampler_key: tuple = ()
         self._sampler: BatchSampler | None = None
         self.speculative = speculative   # a SpeculativeDecoder (speculative/), or None
+        self.step_log: StepLog | None = None   # set to record every plain step (step_log.py)
 
     @property
     def max_seq_len(self) -> int:
@@ -197,6 +199,8 @@ class LLMEngine:
             seq.num_computed_tokens += n
             self.block_manager.register_full_blocks(seq)
         self.tokens_prefilled += prompt_tokens
+        if self.step_log is not None:
+            self.step_log.add(time.time(), seconds, decode_rows, prompt_tokens)
         self.tokens_decoded += decode_rows
         if self.prefill_cap is not None:
             self.scheduler.max_prefill_tokens_with_decodes = self.prefill_cap.observe(seconds, decode_rows,

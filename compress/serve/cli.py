@@ -43,6 +43,9 @@ def add_serve_parser(sub) -> None:
     s.add_argument("--shutdown-grace", type=float, default=30.0,
                    help="on SIGTERM, seconds to let requests in flight finish before they are aborted")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.add_argument("--step-log", metavar="FILE",
+                   help="record every engine step (end time, forward seconds, decode rows, prompt tokens) and write "
+                        "them to FILE as tab-separated lines when the server stops, with a summary on stdout")
     r = s.add_argument_group("runtime")
     r.add_argument("--threads", type=int, default=None)
     r.add_argument("--max-num-seqs", type=int, default=16, help="sequences the engine runs at once")
@@ -165,5 +168,20 @@ def _cmd_serve(args) -> int:
     spec_note = "" if spec is None else f" (speculative: {args.draft}, k={spec.num_speculative_tokens})"
     print(f"compress serve: {config.model_name} ({args.path}) on http://{args.host}:{args.port}"
           f"{' (API key required)' if config.api_key else ''}{spec_note}", flush=True)
-    return serve(llm, config, host=args.host, port=args.port, shutdown_grace=args.shutdown_grace,
-                 log_level=args.log_level)
+    if args.step_log:
+        from compress.runtime.step_log import StepLog
+
+        llm.engine.step_log = StepLog()
+    rc = serve(llm, config, host=args.host, port=args.port, shutdown_grace=args.shutdown_grace,
+               log_level=args.log_level)
+    if args.step_log:
+        write_step_log(llm.engine.step_log, args.step_log)
+    return rc
+
+
+def write_step_log(log, path) -> None:
+    """``log`` (a ``StepLog``) to ``path`` (written whole, then renamed) and its summary to stdout."""
+    from compress.io.files import atomic_write_text
+
+    atomic_write_text(path, log.text())
+    print("\n".join([f"compress serve: step log {path}"] + log.summary_lines()), flush=True)
