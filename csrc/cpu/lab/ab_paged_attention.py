@@ -1,0 +1,98 @@
+#!/usr/bin/env python
+"""Paged attention alone (``compress::paged_decode_attention``), cycled over ``--layers``
+layers' K / V pools in 2 MiB pages so that they come from DRAM (one layer: from cache).
+
+    python csrc/cpu/lab/ab_paged_attention.py decode --rows 16 --keys 250 --kv-dtype float16
+    python csrc/cpu/lab/ab_paged_attention.py chunk --keys 1750 --rows 2 4 6 8 --kv-dtype float16 float32
+
+``decode``: ``--rows`` rows attending alone, ``--keys`` positions each (the row kernel).
+``chunk``: one prompt chunk of n rows sharing their keys at ``--keys`` positions, timed
+with ``set_paged_group_min_rows`` at 1 (the group kernel) and at 100 (the row kernel row by
+row) in the same process, outputs compared bitwise. Heads: 16 q / 8 kv of 64 (the 345M
+bench model). Prints the median microseconds a layer.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import compress.ops  # noqa: F401  (registers the ops, loads compress._C)
+import compress._C as C
+from compress.runtime.hugepages import huge_page_zeros
+
+HQ, HKV, D, BS = 16, 8, 64, 16
+
+
+def pools(layers, blocks, dtype):
+    out = []
+    for i in range(layers):
+        pair = []
+        for j in range(2):
+            t = huge_page_zeros((blocks, HKV, BS, D), dtype)
+            t = torch.zeros(blocks, HKV, BS, D, dtype=dtype) if t is None else t
+            t.copy_(torch.randn(t.shape, generator=torch.Generator().manual_seed(2 * i + j)).to(dtype))
+            pair.append(t)
+        out.append(pair)
+    return out
+
+
+def per_layer_us(kv, q, tables, lens, reps):
+    op = torch.ops.compress.paged_decode_attention
+    outs = []
+
+    def one():
+        outs.clear()
+        for k, v in kv:
+            outs.append(op(q, k, v, tables, lens, 0))
+    one(), one()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        one()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) / len(kv) * 1e6, outs[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("mode", choices=["decode", "chunk"])
+    ap.add_argument("--rows", type=int, nargs="+", default=[16])
+    ap.add_argument("--keys", type=int, default=250)
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--kv-dtype", nargs="+", default=["float16"], choices=["float16", "bfloat16", "float32"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=15)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    per_row = -(-(args.keys + max(args.rows)) // BS)
+    for name in args.kv_dtype:
+        dtype = getattr(torch, name)
+        for n in args.rows:
+            blocks = per_row * (n if args.mode == "decode" else 1) + 8
+            kv = pools(args.layers, blocks, dtype)
+            order = torch.randperm(blocks, generator=torch.Generator().manual_seed(0)).int()
+            q = torch.randn(n, HQ, D, generator=torch.Generator().manual_seed(1))
+            if args.mode == "decode":
+                tables = order[:n * per_row].view(n, per_row).contiguous()
+                lens = torch.full((n,), args.keys, dtype=torch.int32)
+                us, _ = per_layer_us(kv, q, tables, lens, args.reps)
+                print(f"{name:8s} decode {n} rows x {args.keys} keys, {args.layers} layers: {us:.1f} us a layer")
+                continue
+            tables = order[:per_row].expand(n, per_row).contiguous()
+            lens = torch.arange(args.keys + 1, args.keys + n + 1, dtype=torch.int32)
+            before = C.set_paged_group_min_rows(1)
+            try:
+                group, g_out = per_layer_us(kv, q, tables, lens, args.reps)
+                C.set_paged_group_min_rows(100)
+                rows, r_out = per_layer_us(kv, q, tables, lens, args.reps)
+            finally:
+                C.set_paged_group_min_rows(before)
+            print(f"{name:8s} chunk of {n} rows at {args.keys} keys, {args.layers} layers: row kernel {rows:.1f} "
+                  f"us a layer, group kernel {group:.1f} ({group / rows:.2f}x); same bits: {torch.equal(g_out, r_out)}")
+
+
+if __name__ == "__main__":
+    main()
