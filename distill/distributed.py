@@ -26,6 +26,7 @@ hand every rank its shards.
 """
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass, field
 
@@ -56,6 +57,7 @@ class World:
         if torch.cuda.is_available():       # FSDP2 and nccl work on the current device: this rank's
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+        atexit.register(leave_process_group)
         return cls(dist.get_rank(), dist.get_world_size())
 
     @property
@@ -147,6 +149,17 @@ class World:
             import torch.distributed as dist
 
             dist.barrier()
+
+
+def leave_process_group() -> None:
+    """Destroy the process group while the interpreter is whole (registered at exit by
+    :meth:`World.from_env`). Left to interpreter teardown, a gloo group's worker threads
+    can abort the process (``terminate called without an active exception``, SIGABRT) after
+    its work is done, and torchrun reports the run as failed."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def decoder_blocks(model: nn.Module) -> list[nn.Module]:

@@ -23,6 +23,17 @@ def launch(args: list[str], nproc: int | None, ok: bool = True) -> None:
     assert (done.returncode == 0) == ok, done.stderr[-3000:]
 
 
+def test_each_rank_leaves_its_process_group_before_interpreter_teardown():
+    """Left to teardown, gloo's threads sometimes aborted a rank that had finished its work
+    (SIGABRT, and torchrun failed the run): World.from_env destroys the group at exit."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(HERE / "world_exit_worker.py")], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(done.stdout.split("\n")[:-1]) == [f"rank {r}: group alive at exit: False" for r in (0, 1)]
+
+
 @pytest.mark.slow
 def test_two_gloo_processes_match_one_process_with_the_same_global_batch(models, tmp_path):
     """KL + CE + the hidden loss (DDP's student and the all-reduced projections). The
