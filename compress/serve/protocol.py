@@ -6,7 +6,9 @@ OpenAI's ``{"error": {"message", "type", "param", "code"}}`` with ``param`` nami
 the field (``messages.1.content`` for nested ones). Models are strict (no string to
 number coercion) and forbid unknown fields. Fields OpenAI defines that the runtime
 does not implement are accepted only at their neutral value (``n=1``,
-``presence_penalty=0``, ...), so a client that asks for them is told, not ignored.
+``presence_penalty=0``, ``tools=[]``, ``response_format={"type": "text"}``, ...), so a
+client that asks for them is told, not ignored. ``null`` for an optional field means its
+default, as in OpenAI's API (clients that build bodies from dicts send unset fields so).
 """
 from __future__ import annotations
 
@@ -35,6 +37,14 @@ class APIError(Exception):
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data):
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {k: v for k, v in data.items() if v is not None or k not in fields or fields[k].is_required()}
+
 
 class StreamOptions(_Strict):
     include_usage: bool = False
@@ -55,6 +65,14 @@ class _SamplingFields(_Strict):
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    # OpenAI's fields for what a text model without tools does anyway: their neutral values only
+    response_format: dict | None = None
+    tools: list | None = None
+    tool_choice: str | None = None
+    parallel_tool_calls: bool | None = None
+    store: bool = False
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
     # vLLM's extensions the runtime supports
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
@@ -78,6 +96,41 @@ class _SamplingFields(_Strict):
     def _no_bias(cls, v):
         if v:
             raise ValueError("logit_bias is not supported")
+        return v
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, v):
+        if v is not None and v != {"type": "text"}:
+            raise ValueError('only {"type": "text"} is supported (no JSON mode or schema)')
+        return v
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, v):
+        if v:
+            raise ValueError("tools are not supported (no function calling)")
+        return v
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_tool_choice(cls, v):
+        if v not in (None, "none", "auto"):
+            raise ValueError('only "none" or "auto" without tools is supported')
+        return v
+
+    @field_validator("store")
+    @classmethod
+    def _not_stored(cls, v):
+        if v:
+            raise ValueError("stored completions are not supported (only false)")
+        return v
+
+    @field_validator("service_tier")
+    @classmethod
+    def _default_tier(cls, v):
+        if v not in (None, "auto", "default"):
+            raise ValueError('only "auto" or "default"')
         return v
 
     @field_validator("stop")
@@ -144,6 +197,17 @@ class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    # what a client sends back of an earlier assistant message (the SDKs' message objects)
+    refusal: str | None = None
+    annotations: list | None = None
+    tool_calls: list | None = None
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _no_tool_calls(cls, v):
+        if v:
+            raise ValueError("tool calls are not supported (no function calling)")
+        return v
 
     def text(self) -> str:
         if self.content is None:

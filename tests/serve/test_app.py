@@ -89,6 +89,23 @@ def test_chat_and_streamed_chat(server):
     assert server.state.decode(ids, skip_special_tokens=False).startswith("<s>system: Answer")
 
 
+def test_a_conversation_goes_on_with_the_sdks_message_object_and_nulls(server):
+    """Clients append the SDK's answer object to the history, and dict-built bodies send
+    unset fields as null: both are accepted (null is the default)."""
+    c = client(server)
+    msgs = [{"role": "user", "content": "Sort a list"}]
+    first = c.chat.completions.create(model=MODEL_NAME, messages=msgs, max_tokens=8, temperature=0)
+    msgs += [first.choices[0].message, {"role": "user", "content": "Again"}]
+    again = c.chat.completions.create(model=MODEL_NAME, messages=msgs, max_tokens=8, temperature=0)
+    assert again.choices[0].message.role == "assistant" and again.usage.prompt_tokens > first.usage.prompt_tokens
+    raw = requests.post(server.url + "/v1/chat/completions", json={
+        "model": MODEL_NAME, "messages": msgs[:1], "max_tokens": 8, "temperature": 0, "top_p": None,
+        "stop": None, "stream": None, "n": None, "presence_penalty": None, "response_format": {"type": "text"},
+        "tools": None, "tool_choice": None})
+    assert raw.status_code == 200, raw.text
+    assert raw.json()["choices"][0]["message"]["content"] == first.choices[0].message.content
+
+
 def test_seeds_are_reproducible(server):
     c = client(server)
 

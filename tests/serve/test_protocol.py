@@ -84,3 +84,38 @@ def test_malformed_json(raw):
     with pytest.raises(APIError) as info:
         parse_json_body(raw)
     assert info.value.status == 400 and info.value.code == "invalid_json"
+
+
+def test_null_means_the_default_for_optional_fields():
+    body = validate(CompletionRequest, {"prompt": "x", "temperature": None, "top_p": None, "n": None,
+                                        "stream": None, "presence_penalty": None, "stop": None, "seed": None})
+    assert (body.temperature, body.top_p, body.n, body.stream, body.stop_list()) == (1.0, 1.0, 1, False, [])
+    chat = validate(ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi", "name": None}],
+                                            "logprobs": None, "max_tokens": None, "frequency_penalty": None})
+    assert chat.logprobs is False and chat.requested_max_tokens() is None
+    assert error_of(ChatCompletionRequest, {"messages": None}).param == "messages"
+
+
+@pytest.mark.parametrize("field,neutral,unsupported", [
+    ("response_format", {"type": "text"}, {"type": "json_object"}),
+    ("tools", [], [{"type": "function", "function": {"name": "f"}}]),
+    ("tool_choice", "none", "required"),
+    ("store", False, True),
+    ("service_tier", "auto", "flex"),
+])
+def test_openai_fields_are_accepted_at_their_neutral_value_only(field, neutral, unsupported):
+    msgs = [{"role": "user", "content": "hi"}]
+    assert getattr(validate(ChatCompletionRequest, {"messages": msgs, field: neutral}), field) == neutral
+    err = error_of(ChatCompletionRequest, {"messages": msgs, field: unsupported})
+    assert err.param == field and "unknown field" not in err.message, err.message
+
+
+def test_an_assistant_message_sent_back_as_the_sdk_dumps_it_is_accepted():
+    back = {"role": "assistant", "content": "hello", "refusal": None, "annotations": [], "tool_calls": None,
+            "name": None}
+    body = validate(ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}, back,
+                                                         {"role": "user", "content": "again"}]})
+    assert [m["content"] for m in body.plain_messages()] == ["hi", "hello", "again"]
+    err = error_of(ChatCompletionRequest, {"messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]})
+    assert err.param == "messages.0.tool_calls", err.param
