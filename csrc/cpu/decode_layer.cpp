@@ -148,7 +148,7 @@ void rope_and_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tens
   const int64_t ks0 = k_pool.stride(0), ks1 = k_pool.stride(1), ks2 = k_pool.stride(2);
   const int64_t vs0 = v_pool.stride(0), vs1 = v_pool.stride(1), vs2 = v_pool.stride(2);
   // rows write distinct slots (one position each): a prompt chunk's rows in parallel
-  at::parallel_for(0, B, 32, [&](int64_t b0, int64_t b1) {
+  at::parallel_for(0, B, 8, [&](int64_t b0, int64_t b1) {
   for (int64_t b = b0; b < b1; ++b) {
     const T* c = cos_base + b * cos.stride(0);
     const T* s = sin_base + b * sin.stride(0);

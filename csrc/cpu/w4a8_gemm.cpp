@@ -176,7 +176,7 @@ w4::QuantizedActivations::QuantizedActivations(const at::Tensor& x, int64_t G, i
   xs = reinterpret_cast<float*>(work.data() + M * KC * kChunk);  // M * KC * 64 bytes: 64-aligned
   xg = xs + M * KC * 8;
   const bool avx2 = active_isa() >= Isa::Avx2;
-  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+  at::parallel_for(0, M, 8, [&](int64_t m0, int64_t m1) {
     std::vector<float> buf(x.scalar_type() == at::kFloat ? 0 : K);
     for (int64_t m = m0; m < m1; ++m) {
       const float* row = x.scalar_type() == at::kFloat ? x.data_ptr<float>() + m * K : buf.data();
