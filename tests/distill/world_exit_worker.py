@@ -2,6 +2,7 @@
 group through World.from_env, averages one value, and reports at exit (after the handlers
 registered later, atexit being last-in first-out) whether the group was still alive."""
 import atexit
+import os
 
 import torch
 import torch.distributed as dist
@@ -10,7 +11,8 @@ from distill.distributed import World
 
 
 def report() -> None:
-    print(f"rank {rank}: group alive at exit: {dist.is_initialized()}", flush=True)
+    # one write of a whole line (print writes the newline apart: two ranks' lines could interleave)
+    os.write(1, f"rank {rank}: group alive at exit: {dist.is_initialized()}\n".encode())
 
 
 atexit.register(report)

@@ -218,10 +218,11 @@ def test_loaded_objects_are_frozen_out_of_full_collections():
     import gc
 
     from compress.serve.cli import freeze_loaded_objects
-    loaded = [object() for _ in range(1000)]
+    loaded = [[i] for i in range(1000)]           # lists: tracked by the collector
     try:
         frozen = freeze_loaded_objects()
-        assert frozen >= 1000 and gc.get_freeze_count() == frozen
+        collected = {id(o) for o in gc.get_objects()}  # the generations a collection walks
+        assert frozen >= 1000 and not any(id(x) in collected for x in loaded)
         import weakref
 
         class Node:
@@ -231,7 +232,9 @@ def test_loaded_objects_are_frozen_out_of_full_collections():
         alive = weakref.ref(node)
         del node
         gc.collect()
-        assert alive() is None and gc.get_freeze_count() == frozen
+        # still frozen after a full collection (other threads of a test run may free some)
+        assert alive() is None and gc.get_freeze_count() >= frozen - 1000
+        assert not any(id(x) in {id(o) for o in gc.get_objects()} for x in loaded[:10])
     finally:
         gc.unfreeze()
         del loaded
