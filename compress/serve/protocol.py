@@ -13,11 +13,29 @@ default, as in OpenAI's API (clients that build bodies from dicts send unset fie
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MAX_LOGPROBS = 20      # top alternatives per token (vLLM's default bound; OpenAI's is 5)
+
+# OpenAI's fields that the runtime does not implement: field -> (its neutral values, what a
+# 400 says otherwise). A request may send them only where they ask for nothing.
+NEUTRAL_ONLY: dict[str, tuple[tuple, str]] = {
+    "n": ((1,), "only n=1 is supported"),
+    "presence_penalty": ((0.0,), "penalties are not supported (only 0)"),
+    "frequency_penalty": ((0.0,), "penalties are not supported (only 0)"),
+    "logit_bias": ((None, {}), "logit_bias is not supported"),
+    "response_format": ((None, {"type": "text"}), 'only {"type": "text"} is supported (no JSON mode or schema)'),
+    "tools": ((None, []), "tools are not supported (no function calling)"),
+    "tool_choice": ((None, "none", "auto"), 'only "none" or "auto" without tools is supported'),
+    "store": ((False,), "stored completions are not supported (only false)"),
+    "service_tier": ((None, "auto", "default"), 'only "auto" or "default"'),
+}
+COMPLETION_NEUTRAL_ONLY = NEUTRAL_ONLY | {
+    "best_of": ((None, 1), "only best_of=1 is supported"),
+    "suffix": ((None, ""), "suffix is not supported"),
+}
 
 
 class APIError(Exception):
@@ -77,68 +95,22 @@ class _SamplingFields(_Strict):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
 
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, v):
-        if v != 1:
-            raise ValueError("only n=1 is supported")
-        return v
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, v):
-        if v != 0:
-            raise ValueError("penalties are not supported (only 0)")
-        return v
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _no_bias(cls, v):
-        if v:
-            raise ValueError("logit_bias is not supported")
-        return v
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, v):
-        if v is not None and v != {"type": "text"}:
-            raise ValueError('only {"type": "text"} is supported (no JSON mode or schema)')
-        return v
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, v):
-        if v:
-            raise ValueError("tools are not supported (no function calling)")
-        return v
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _no_tool_choice(cls, v):
-        if v not in (None, "none", "auto"):
-            raise ValueError('only "none" or "auto" without tools is supported')
-        return v
-
-    @field_validator("store")
-    @classmethod
-    def _not_stored(cls, v):
-        if v:
-            raise ValueError("stored completions are not supported (only false)")
-        return v
-
-    @field_validator("service_tier")
-    @classmethod
-    def _default_tier(cls, v):
-        if v not in (None, "auto", "default"):
-            raise ValueError('only "auto" or "default"')
-        return v
-
     @field_validator("stop")
     @classmethod
     def _stop_list(cls, v):
         if isinstance(v, list) and len(v) > 16:
             raise ValueError("at most 16 stop strings")
         return v
+
+    neutral_only: ClassVar[dict[str, tuple[tuple, str]]] = NEUTRAL_ONLY
+
+    @model_validator(mode="after")
+    def _neutral_values_only(self):
+        for name, (neutral, why) in self.neutral_only.items():
+            value = getattr(self, name)
+            if value not in neutral:
+                raise ValueError(f"{name}: {why} (got {value!r})")
+        return self
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self):
@@ -161,25 +133,12 @@ class CompletionRequest(_SamplingFields):
     best_of: int | None = None
     suffix: str | None = None
     add_special_tokens: bool = True
+    neutral_only: ClassVar[dict[str, tuple[tuple, str]]] = COMPLETION_NEUTRAL_ONLY
 
     @field_validator("prompt")
     @classmethod
     def _prompt_shape(cls, v):
         return normalize_prompts(v)
-
-    @field_validator("best_of")
-    @classmethod
-    def _best_of(cls, v):
-        if v not in (None, 1):
-            raise ValueError("only best_of=1 is supported")
-        return v
-
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, v):
-        if v:
-            raise ValueError("suffix is not supported")
-        return v
 
     @model_validator(mode="after")
     def _zero_tokens_needs_echo(self):
