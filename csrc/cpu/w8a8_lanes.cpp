@@ -25,7 +25,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <memory>
 
 #include "cpu/kernel_common.h"
 #include "cpu/ops.h"
@@ -184,9 +183,9 @@ at::Tensor w8_lanes_run(const at::Tensor& x_in, const at::Tensor& qweight, const
   if (M == 0) return out ? y : float_to_activation_dtype(y, x.scalar_type());
   // the rows quantized as the other W8A8 ops do ([M, Kp] bytes, |q| beside them, scales
   // [M]), then q + 128 in place: the unsigned bytes vpdpbusd takes (q ^ 0x80 as a byte)
-  const std::unique_ptr<uint8_t[]> work(new uint8_t[2 * M * Kp + M * sizeof(float)]);
-  uint8_t* xu = work.get();
-  float* sx = reinterpret_cast<float*>(work.get() + 2 * M * Kp);   // Kp % 4 == 0: aligned
+  const Scratch work(Scratch::kW8, 2 * M * Kp + M * static_cast<int64_t>(sizeof(float)));
+  uint8_t* xu = work.data();
+  float* sx = reinterpret_cast<float*>(work.data() + 2 * M * Kp);   // Kp % 4 == 0: aligned
   w8::quantize_rows(x, nullptr, 0, Kp, reinterpret_cast<int8_t*>(xu), xu + M * Kp, sx, nullptr, nullptr, nullptr);
   at::parallel_for(0, M * Kp, 1 << 16, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) xu[i] ^= 0x80;
