@@ -89,6 +89,14 @@ class StubHandler(BaseHTTPRequestHandler):
             srv.received.append({"at": time.perf_counter(), **body})
             srv.in_flight += 1
             srv.max_in_flight = max(srv.max_in_flight, srv.in_flight)
+        counted = True
+
+        def leave():    # before [DONE]: a client that has read it may send its next request at once
+            nonlocal counted
+            if counted:
+                counted = False
+                with srv.lock:
+                    srv.in_flight -= 1
         try:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -105,14 +113,14 @@ class StubHandler(BaseHTTPRequestHandler):
                              "object": "text_completion"})
             self._event({"choices": [{"text": "", "index": 0, "finish_reason": "length"}],
                          "usage": {"prompt_tokens": len(body.get("prompt", [])), "completion_tokens": n}})
+            leave()
             self._event("[DONE]")
             if srv.chunked:
                 self.wfile.write(b"0\r\n\r\n")
             else:
                 self.close_connection = True
         finally:
-            with srv.lock:
-                srv.in_flight -= 1
+            leave()
 
 
 class StubServer(ThreadingHTTPServer):
