@@ -6,8 +6,12 @@ for the tests of ``compress bench serve`` (no model: each "token" is a fixed sle
 text, ``finish_reason: "length"`` and ``usage``, then ``data: [DONE]``. Options (server
 attributes): ``chunked`` transfer encoding or a body delimited by closing the
 connection; ``crlf`` event line ends; ``split`` writes each event in two pieces;
-``max_tokens_limit`` answers larger requests with 400 and an OpenAI error body.
-It records what it was sent and the most requests it served at once.
+``max_tokens_limit`` answers larger requests with 400 and an OpenAI error body;
+``hold(server, request, i)``: token ``i`` of the stream answering ``request`` (its
+record in ``received``) waits while this is true, so that a test orders events by a
+condition rather than by sleeps (see ``HOLD_TIMEOUT``).
+It records what it was sent (with the time it came and the ``/metrics`` reads before
+it), the most requests it served at once and the ``/metrics`` reads.
 
 Run as a script (``python openai_stub_server.py PORT``) it serves until SIGTERM."""
 from __future__ import annotations
@@ -17,6 +21,12 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+# The most a stream waits on its holds, all together: a hold whose condition never comes
+# (the behaviour under test is broken) ends the server's holds, and the test fails on its
+# own check instead of hanging.
+HOLD_TIMEOUT = 5.0
+HOLD_POLL = 0.002
 
 
 class StubHandler(BaseHTTPRequestHandler):
@@ -42,6 +52,7 @@ class StubHandler(BaseHTTPRequestHandler):
             # as compress serve's gauges: each request in flight holds 3 slots past its tokens
             with self.server.lock:
                 running = self.server.in_flight
+                self.server.metrics_reads += 1   # with its figure: a read after a request came counts it
             data = (f"compress_requests_running {running}\ncompress_kv_slots_reserved_unused {3 * running}\n"
                     f"compress_kv_blocks_used {2 * running}\ncompress_kv_block_size 16\n").encode()
             self.send_response(200)
@@ -86,7 +97,8 @@ class StubHandler(BaseHTTPRequestHandler):
                                        "param": "max_tokens"}})
             return
         with srv.lock:
-            srv.received.append({"at": time.perf_counter(), **body})
+            request = {"at": time.perf_counter(), "metrics_reads": srv.metrics_reads, **body}
+            srv.received.append(request)
             srv.in_flight += 1
             srv.max_in_flight = max(srv.max_in_flight, srv.in_flight)
         counted = True
@@ -106,7 +118,9 @@ class StubHandler(BaseHTTPRequestHandler):
                 self.send_header("Connection", "close")
             self.end_headers()
             time.sleep(srv.first_delay)
+            held_until = time.monotonic() + HOLD_TIMEOUT
             for i in range(n):
+                self._wait_while_held(request, i, held_until)
                 if i:
                     time.sleep(srv.token_delay)
                 self._event({"choices": [{"text": f" t{i}", "index": 0, "finish_reason": None}],
@@ -122,21 +136,31 @@ class StubHandler(BaseHTTPRequestHandler):
         finally:
             leave()
 
+    def _wait_while_held(self, request: dict, i: int, until: float) -> None:
+        srv = self.server
+        while srv.hold is not None and srv.hold(srv, request, i):
+            if time.monotonic() > until:
+                srv.hold = None    # its condition never came: the rest goes unheld, and fails the test soon
+                return
+            time.sleep(HOLD_POLL)
+
 
 class StubServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, port: int = 0, token_delay: float = 0.01, first_delay: float = 0.02, chunked: bool = True,
                  crlf: bool = False, split: bool = False, max_tokens_limit: int | None = None,
-                 kv_metrics: bool = False):
+                 kv_metrics: bool = False, hold=None):
         super().__init__(("127.0.0.1", port), StubHandler)
         self.token_delay, self.first_delay = token_delay, first_delay
         self.chunked, self.crlf, self.split = chunked, crlf, split
         self.max_tokens_limit = max_tokens_limit
         self.kv_metrics = kv_metrics  # serve compress's KV gauges at /metrics
+        self.hold = hold              # (server, request, token index) -> that token waits
         self.lock = threading.Lock()
         self.received: list[dict] = []
         self.in_flight = self.max_in_flight = 0
+        self.metrics_reads = 0
 
     def handle_error(self, request, client_address):
         if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):   # a client that left

@@ -68,8 +68,14 @@ def test_handle_chunk_counts_tokens_like_the_servers_send_them():
 
 @pytest.mark.parametrize("mode", [dict(chunked=True), dict(chunked=False), dict(crlf=True, split=True)])
 def test_stream_completion_times_every_token(mode):
-    with StubServer(token_delay=0.02, first_delay=0.05, **mode) as server:
-        r = RequestResult(prompt_len=3, max_tokens=6, issued=time.perf_counter())
+    r = RequestResult(prompt_len=3, max_tokens=6, issued=time.perf_counter())
+
+    def paced_by_the_client(server, request, i):
+        # token i leaves token_delay after the client has timed token i - 1, so every gap it
+        # measures is at least that even when it reads late (two tokens then came in one read)
+        return len(r.token_times) < i
+
+    with StubServer(token_delay=0.02, first_delay=0.05, hold=paced_by_the_client, **mode) as server:
         firsts = []
         asyncio.run(stream_completion(server.url + "/v1/completions",
                                       {"prompt": [1, 2, 3], "max_tokens": 6, "stream": True}, r,

@@ -11,6 +11,22 @@ from compress.bench.serve import command
 from compress.bench.serve.peers import PeerError, RunningPeer, free_port
 
 STUB = Path(__file__).with_name("openai_stub_server.py")
+RUNNING_LEN, LONG_PROMPT_LEN = 40, 300
+
+
+def _last_token_until_sampled(server, request, i):
+    """hold: a request's last token waits for a /metrics read made while it is in flight,
+    so that each load has samples with requests running however late the sampler's
+    thread runs. Requests that came before any read (the warm-up, sent before the loads
+    and their sampler) are not held."""
+    return i == request["max_tokens"] - 1 and 0 < request["metrics_reads"] == server.metrics_reads
+
+
+def _running_last_token_until_the_long_prompt(server, request, i):
+    """hold: a running request's last token waits until the long prompt has come, so that
+    some of their gaps overlap its prefill however late it is sent."""
+    return (request["max_tokens"] == RUNNING_LEN and i == RUNNING_LEN - 1
+            and not any(len(r["prompt"]) == LONG_PROMPT_LEN for r in server.received))
 
 
 def _args(tmp_path, repo_root, *extra):
@@ -24,7 +40,7 @@ def _args(tmp_path, repo_root, *extra):
 
 
 def test_bench_serve_against_running_servers(tmp_path, repo_root, capsys):
-    with StubServer(token_delay=0.02, first_delay=0.005, kv_metrics=True) as a, \
+    with StubServer(token_delay=0.02, first_delay=0.005, kv_metrics=True, hold=_last_token_until_sampled) as a, \
             StubServer(token_delay=0.002, first_delay=0.005) as b:
         args = _args(tmp_path, repo_root, "--url", f"a={a.url}", "--url", f"b={b.url}", "--concurrency", "1", "3",
                      "--rounds", "2")
@@ -64,14 +80,14 @@ def test_bench_serve_against_running_servers(tmp_path, repo_root, capsys):
 
 
 def test_long_prompt_workload_reports_the_stall(tmp_path, repo_root, capsys):
-    with StubServer(token_delay=0.003, first_delay=0.005) as server:
+    with StubServer(token_delay=0.003, first_delay=0.005, hold=_running_last_token_until_the_long_prompt) as server:
         args = _args(tmp_path, repo_root, "--url", f"stub={server.url}", "--workload", "long-prompt",
-                     "--running", "2", "--running-output-len", "40", "--long-prompt-len", "300",
-                     "--long-after", "0.02")
+                     "--running", "2", "--running-output-len", str(RUNNING_LEN),
+                     "--long-prompt-len", str(LONG_PROMPT_LEN), "--long-after", "0.02")
         assert command.main(args) == 0
     row = json.loads((tmp_path / "r.json").read_text())["rows"][0]
     assert row["load"] == "long-prompt" and row["completed"] == 3 and row["long_prompt"]["runs"] == 1
-    assert row["long_prompt"]["long_prompt_tokens"] == 300 and row["long_prompt"]["gaps_during"] > 0
+    assert row["long_prompt"]["long_prompt_tokens"] == LONG_PROMPT_LEN and row["long_prompt"]["gaps_during"] > 0
     assert "ITL p99 during ms" in capsys.readouterr().out
 
 
