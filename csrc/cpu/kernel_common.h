@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -124,6 +125,70 @@ inline void parallel_grabs(int64_t n, int64_t grab, const F& thread_body) {
   };
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), ceil_div(n, grab)), 1,
                    [&](int64_t, int64_t) { thread_body(take); });
+}
+
+// Items [0, n) in one contiguous part per intra-op thread (boundaries multiples of
+// `align`); each thread takes `chunk` items at a time from the front of its own part and,
+// once that is empty, from the back of the others': fn(begin, end) per take. A thread
+// streams its own run front to back as with a static split, but a thread held up (the
+// two vCPUs of these VMs are shared with the sandbox's agents, which take one for ~4 ms
+// about once a second) delays the call by about half the hold instead of all of it,
+// because the other thread takes over the rest of its part. Which thread computes an
+// item never changes its result.
+namespace parts {
+inline std::atomic<bool> g_stealing{true};
+inline std::atomic<int64_t> g_test_hold_us{0};  // thread 0 waits this long before its first take (tests)
+inline std::atomic<int64_t> g_items_stolen{0};
+constexpr int64_t kMaxParts = 64;
+}  // namespace parts
+
+template <typename F>
+inline void parallel_parts_stealing(int64_t n, int64_t align, int64_t chunk, const F& fn) {
+  if (n <= 0) return;
+  const int64_t units = ceil_div(n, align);
+  const int64_t nparts = std::min<int64_t>({static_cast<int64_t>(at::get_num_threads()), units, parts::kMaxParts});
+  if (nparts <= 1 || at::in_parallel_region()) {
+    fn(0, n);
+    return;
+  }
+  struct alignas(64) Part {
+    std::atomic<uint64_t> left;   // front << 32 | back: items [front, back) not yet taken
+  };
+  Part part[parts::kMaxParts];
+  for (int64_t p = 0; p < nparts; ++p) {
+    const uint64_t front = std::min(n, align * (p * units / nparts)), back = std::min(n, align * ((p + 1) * units / nparts));
+    part[p].left.store(front << 32 | back, std::memory_order_relaxed);
+  }
+  const auto take = [&](int64_t p, bool from_front, int64_t& begin, int64_t& end) {
+    uint64_t cur = part[p].left.load(std::memory_order_relaxed);
+    for (;;) {
+      const int64_t front = static_cast<int64_t>(cur >> 32), back = static_cast<int64_t>(cur & 0xffffffffu);
+      if (front >= back) return false;
+      begin = from_front ? front : std::max(front, back - chunk);
+      end = from_front ? std::min(back, front + chunk) : back;
+      const uint64_t next = from_front ? (static_cast<uint64_t>(end) << 32 | back)
+                                       : (static_cast<uint64_t>(front) << 32 | static_cast<uint64_t>(begin));
+      if (part[p].left.compare_exchange_weak(cur, next, std::memory_order_relaxed)) return true;
+    }
+  };
+  at::parallel_for(0, nparts, 1, [&](int64_t p0, int64_t p1) {
+    const int64_t hold = parts::g_test_hold_us.load(std::memory_order_relaxed);
+    if (hold > 0 && at::get_thread_num() == 0) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(hold);
+      while (std::chrono::steady_clock::now() < until) {
+      }
+    }
+    int64_t begin, end;
+    for (int64_t p = p0; p < p1; ++p)
+      while (take(p, true, begin, end)) fn(begin, end);
+    for (int64_t i = 1; i < nparts; ++i) {
+      const int64_t q = (p0 + i) % nparts;
+      while (take(q, false, begin, end)) {
+        parts::g_items_stolen.fetch_add(end - begin, std::memory_order_relaxed);
+        fn(begin, end);
+      }
+    }
+  });
 }
 
 // Splits an [M, N] output into (m-block, n-block) work items for at::parallel_for

@@ -5,7 +5,8 @@
 // w8a8_int16_min_rows, set_w8a8_amx_min_rows, w8a8_amx_min_rows, w8a8_amx_available), the
 // W4A8 op's AMX tiles' (set_w4a16_amx_min_rows, w4a16_amx_min_rows, w4a16_amx_available) and panel
 // GEMM's (set_w4a8_panel_min_rows, w4a8_panel_min_rows), the lanes op's tile pairs
-// (set_w4a8_lanes_pair_min_rows, w4a8_lanes_pair_min_rows), the
+// (set_w4a8_lanes_pair_min_rows, w4a8_lanes_pair_min_rows) and their threads' take-over of
+// each other's tiles (set_lanes_tile_stealing, set_lanes_test_hold_us, lanes_tiles_stolen), the
 // float W4A16 op's at::mm threshold (set_w4a16_mm_min_rows, w4a16_mm_min_rows), paged
 // attention's group and row kernel switches (set_paged_group_kernel, set_paged_row_kernel) and
 // the group kernel's fewest rows (set_paged_group_min_rows, paged_group_min_rows), the
@@ -95,6 +96,24 @@ static PyObject* py_set_w4a16_mm_min_rows(PyObject*, PyObject* arg) {
   return set_min_rows("set_w4a16_mm_min_rows", arg, compress_cpu::w4::set_float_mm_min_rows);
 }
 
+static PyObject* py_set_lanes_tile_stealing(PyObject*, PyObject* arg) {
+  const int on = PyObject_IsTrue(arg);
+  if (on < 0) return nullptr;
+  return PyBool_FromLong(compress_cpu::parts::g_stealing.exchange(on != 0));
+}
+static PyObject* py_set_lanes_test_hold_us(PyObject*, PyObject* arg) {
+  const long long us = PyLong_AsLongLong(arg);
+  if (us == -1 && PyErr_Occurred()) return nullptr;
+  if (us < 0 || us > 1000000) {
+    PyErr_Format(PyExc_ValueError, "set_lanes_test_hold_us: microseconds must be in 0 .. 1000000, got %lld", us);
+    return nullptr;
+  }
+  return PyLong_FromLongLong(compress_cpu::parts::g_test_hold_us.exchange(us));
+}
+static PyObject* py_lanes_tiles_stolen(PyObject*, PyObject*) {
+  return PyLong_FromLongLong(compress_cpu::parts::g_items_stolen.load());
+}
+
 template <bool (*Available)()>
 static PyObject* py_available(PyObject*, PyObject*) {
   return PyBool_FromLong(Available());
@@ -136,6 +155,14 @@ static PyMethodDef compress_c_methods[] = {
      "activation broadcast serves 32 weight rows; the same bits as one tile a call); returns the previous value."},
     {"w4a8_lanes_pair_min_rows", py_get_rows<compress_cpu::lanes::pair_min_rows>, METH_NOARGS,
      "Fewest rows for which w4a8_gemm_lanes runs two tiles a call (set_w4a8_lanes_pair_min_rows)."},
+    {"set_lanes_tile_stealing", py_set_lanes_tile_stealing, METH_O,
+     "Whether the lanes ops' threads, done with their own run of weight tiles, take over the rest of another's "
+     "(default true; which thread computes a tile moves no bit); returns the previous value."},
+    {"set_lanes_test_hold_us", py_set_lanes_test_hold_us, METH_O,
+     "For tests: the first intra-op thread of every lanes op waits this many microseconds before its first "
+     "tiles, so the others take them over (0: none, the default); returns the previous value."},
+    {"lanes_tiles_stolen", py_lanes_tiles_stolen, METH_NOARGS,
+     "Weight tiles the lanes ops' threads have taken from another thread's run since the module loaded."},
     {"set_w4a16_panel_min_rows", py_set_w4a16_panel_min_rows, METH_O,
      "Fewest rows for which the float-activation int4 ops (w4a16_gemm*) take their AVX-512 panel GEMM "
      "(the same fp32 weights, each output summed in K order); returns the previous value."},

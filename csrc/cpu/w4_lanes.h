@@ -55,13 +55,18 @@ inline void prefetch_tile_metadata(const float* s, const uint8_t* z, int64_t NG,
 
 // Rows [0, M) in passes of kActBudget bytes of activations (`row_bytes` a row), a multiple
 // of `unit` rows (a tile call's); per pass the T tiles in contiguous runs per thread, so at
-// few rows each thread streams one run of weights: run(m0, rows, t0, t1).
+// few rows each thread streams one run of weights, the runs' tails taken over by a thread
+// that is done (parallel_parts_stealing): run(m0, rows, t0, t1).
 template <typename Run>
 void for_passes(int64_t M, int64_t row_bytes, int64_t unit, int64_t T, const Run& run) {
   const int64_t rows_per_pass = std::max<int64_t>(unit, kActBudget / row_bytes / unit * unit);
   for (int64_t m0 = 0; m0 < M; m0 += rows_per_pass) {
     const int64_t rows = std::min(rows_per_pass, M - m0);
-    at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) { run(m0, rows, t0, t1); });
+    const auto tiles = [&](int64_t t0, int64_t t1) { run(m0, rows, t0, t1); };
+    if (parts::g_stealing.load(std::memory_order_relaxed))   // pairs of tiles, ~8 takes a thread
+      parallel_parts_stealing(T, 2, std::max<int64_t>(2, ceil_div(T, 16 * at::get_num_threads()) * 2), tiles);
+    else
+      at::parallel_for(0, T, 1, tiles);
   }
 }
 

@@ -173,3 +173,45 @@ def test_float_lanes_half_activations_and_bad_groups():
     assert sqnr_db(reference.w4a16_gemm(x.float(), qweight, scales, zeros, 64), got.float()) > 40
     with pytest.raises(RuntimeError, match="group_size must be a multiple of 8 dividing K"):
         torch.ops.compress.w4a16_gemm_lanes(x.float(), prepared[0], prepared[1], prepared[2], 12, 40)
+
+
+@native
+@pytest.mark.parametrize("op,m,n", [("w4a8", 1, 1000), ("w4a8", 16, 333), ("w4a16", 5, 1000), ("w8a8", 3, 1000)])
+def test_a_thread_held_up_has_its_tiles_taken_over_without_moving_a_bit(op, m, n):
+    """The lanes ops split the weight tiles in one run per thread; a thread done with its
+    own takes the rest of another's from its end (kernel_common.h: parallel_parts_stealing).
+    With the first thread held 3 ms at every call, the second takes tiles over (counted by
+    lanes_tiles_stolen) and every output keeps the bits of the static split."""
+    from compress import _C
+    from int_weights import make_int8
+    torch.manual_seed(m)
+    x = torch.randn(m, 512)
+    if op == "w8a8":
+        prepared = reference.w8a8_prepare_lanes(*make_int8(n, 512, seed=m))
+
+        def gemm():
+            return torch.ops.compress.w8a8_gemm_lanes(x, *prepared, n)
+    else:
+        _, qweight, scales, zeros = _case(m, n, 512, 128)
+        prepared = reference.w4a8_prepare_lanes(qweight, scales, zeros)
+
+        def gemm():
+            return getattr(torch.ops.compress, f"{op}_gemm_lanes")(x, *prepared, 128, n)
+    threads = torch.get_num_threads()
+    stealing = _C.set_lanes_tile_stealing(False)
+    try:
+        torch.set_num_threads(2)
+        static = gemm()
+        _C.set_lanes_tile_stealing(True)
+        _C.set_lanes_test_hold_us(3000)
+        before = _C.lanes_tiles_stolen()
+        held = gemm()
+        stolen = _C.lanes_tiles_stolen() - before
+    finally:
+        _C.set_lanes_test_hold_us(0)
+        _C.set_lanes_tile_stealing(stealing)
+        torch.set_num_threads(threads)
+    assert stolen > 0
+    assert torch.equal(held, static)
+    with pytest.raises(ValueError, match="microseconds"):
+        _C.set_lanes_test_hold_us(-1)
