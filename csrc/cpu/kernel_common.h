@@ -141,6 +141,8 @@ inline std::atomic<int64_t> g_test_hold_us{0};  // thread 0 waits this long befo
 inline std::atomic<int64_t> g_items_stolen{0};
 constexpr int64_t kMaxParts = 64;
 }  // namespace parts
+// Turns the take-over on or off (off: every thread does its own part only); returns the previous setting.
+inline bool set_parts_stealing(bool on) { return parts::g_stealing.exchange(on); }
 
 template <typename F>
 inline void parallel_parts_stealing(int64_t n, int64_t align, int64_t chunk, const F& fn) {

@@ -96,11 +96,6 @@ static PyObject* py_set_w4a16_mm_min_rows(PyObject*, PyObject* arg) {
   return set_min_rows("set_w4a16_mm_min_rows", arg, compress_cpu::w4::set_float_mm_min_rows);
 }
 
-static PyObject* py_set_lanes_tile_stealing(PyObject*, PyObject* arg) {
-  const int on = PyObject_IsTrue(arg);
-  if (on < 0) return nullptr;
-  return PyBool_FromLong(compress_cpu::parts::g_stealing.exchange(on != 0));
-}
 static PyObject* py_set_lanes_test_hold_us(PyObject*, PyObject* arg) {
   const long long us = PyLong_AsLongLong(arg);
   if (us == -1 && PyErr_Occurred()) return nullptr;
@@ -155,7 +150,7 @@ static PyMethodDef compress_c_methods[] = {
      "activation broadcast serves 32 weight rows; the same bits as one tile a call); returns the previous value."},
     {"w4a8_lanes_pair_min_rows", py_get_rows<compress_cpu::lanes::pair_min_rows>, METH_NOARGS,
      "Fewest rows for which w4a8_gemm_lanes runs two tiles a call (set_w4a8_lanes_pair_min_rows)."},
-    {"set_lanes_tile_stealing", py_set_lanes_tile_stealing, METH_O,
+    {"set_lanes_tile_stealing", py_set_switch<compress_cpu::set_parts_stealing>, METH_O,
      "Whether the lanes ops' threads, done with their own run of weight tiles, take over the rest of another's "
      "(default true; which thread computes a tile moves no bit); returns the previous value."},
     {"set_lanes_test_hold_us", py_set_lanes_test_hold_us, METH_O,

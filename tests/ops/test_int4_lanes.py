@@ -8,7 +8,7 @@ import torch
 import compress.ops as ops
 from compress.accuracy import sqnr_db
 from compress.ops import reference
-from int_weights import make_int4
+from int_weights import make_int4, make_int8
 
 native = pytest.mark.skipif(not ops.native_available("cpu"), reason="native CPU kernels not built")
 
@@ -183,7 +183,6 @@ def test_a_thread_held_up_has_its_tiles_taken_over_without_moving_a_bit(op, m, n
     With the first thread held 3 ms at every call, the second takes tiles over (counted by
     lanes_tiles_stolen) and every output keeps the bits of the static split."""
     from compress import _C
-    from int_weights import make_int8
     torch.manual_seed(m)
     x = torch.randn(m, 512)
     if op == "w8a8":
