@@ -7,8 +7,13 @@
 //   when 0 < window < n, else 0); position p is slot p % BS of block block_tables[r][p / BS].
 //   Out [B, Hq, D] in q's dtype; GQA (query head h reads kv head h / (Hq / Hkv)).
 //
-// Work items are (rows, kv head) pairs handed out from one counter (parallel_grabs), so a
-// batch whose rows have very different lengths still balances over the threads. "Rows" is
+// Work items are (rows, kv head) pairs, one contiguous run of them per thread, taken one at
+// a time from its front, and a thread done with its own run takes the rest of another's
+// from its end (parallel_parts_stealing), so a batch whose rows have very different
+// lengths still balances over the threads. A thread reads a row's kv heads in turn, the
+// neighbouring parts of each block ([block, head, slot, d]); handed out from one counter,
+// the threads took heads alternately (batch 16 x 250 keys, fp16, 2 threads: ~0.86x the
+// time a layer; set_paged_parts_split switches back for A / B runs). "Rows" is
 // one row, or consecutive rows that share their keys (one prompt chunk run as one-token
 // rows: the same block table, context lengths n, n + 1, ...; full attention): their K and
 // V rows are gathered (and widened) once, each row attends to its prefix. Within an item
@@ -59,6 +64,10 @@ bool set_paged_group_kernel(bool on) { return paged_group_kernel.exchange(on); }
 // (attend_row_avx512) where the CPU has it; off, the per-row loops (tests compare).
 std::atomic<bool> paged_row_kernel{true};
 bool set_paged_row_kernel(bool on) { return paged_row_kernel.exchange(on); }
+// Whether the items run in one contiguous part per thread with take-over (on) or are handed
+// out one at a time from a counter (off); the same bits either way (tests compare).
+std::atomic<bool> paged_parts_split{true};
+bool set_paged_parts_split(bool on) { return paged_parts_split.exchange(on); }
 // Fewest rows sharing their keys that take the group kernel; fewer take the row kernel one
 // row after the other (same bits; the item's keys come from DRAM for the first row and from
 // L2 for the next). The group kernel's work per key is the same for 1 row as for 16 / group
@@ -444,15 +453,14 @@ void paged_avx2(const Paged& a, const T* q, const TKV* k, const TKV* v, T* out) 
   const bool row_kernel = active_isa() == Isa::Avx512Vnni && D % 16 == 0 && D <= kRowKernelMaxD &&
                           paged_row_kernel.load(std::memory_order_relaxed);
   const int64_t group_min_rows = paged_group_min_rows_now();
-  parallel_grabs(static_cast<int64_t>(groups.size()) * a.Hkv, 1, [&](const auto& take) {
+  const auto items = [&](int64_t begin0, int64_t end0) {
     // reused by this thread from call to call (a decode step makes one call a layer)
     thread_local std::vector<float> qf, scores, kbuf, vbuf, obuf;
     thread_local std::vector<Run> kruns, vruns, krow, vrow;
     thread_local std::vector<const float*> ktiles, vtiles;
     thread_local std::vector<const void*> krowp, vrowp;
     if (qf.size() < static_cast<size_t>(group * D)) qf.resize(group * D), obuf.resize(group * D);
-    int64_t begin, end;
-    while (take(begin, end)) {
+    for (int64_t begin = begin0; begin < end0; ++begin) {
       const int64_t b0 = groups[begin / a.Hkv].first, nrows = groups[begin / a.Hkv].second, hk = begin % a.Hkv;
       int64_t first, Smax;
       a.span(b0 + nrows - 1, &first, &Smax);   // the group's union: the last row's span
@@ -517,7 +525,16 @@ void paged_avx2(const Paged& a, const T* q, const TKV* k, const TKV* v, T* out) 
           for (int64_t i = 0; i < group * D; ++i) orow[i] = static_cast<T>(obuf[i]);
       }
     }
-  });
+  };
+  const int64_t n_items = static_cast<int64_t>(groups.size()) * a.Hkv;
+  if (paged_parts_split.load(std::memory_order_relaxed)) {
+    parallel_parts_stealing(n_items, 1, 1, items);
+  } else {
+    parallel_grabs(n_items, 1, [&](const auto& take) {
+      int64_t begin, end;
+      while (take(begin, end)) items(begin, end);
+    });
+  }
 }
 #pragma GCC pop_options
 

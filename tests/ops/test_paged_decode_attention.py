@@ -248,3 +248,38 @@ def test_few_chunk_rows_take_the_row_kernel_with_the_same_bits(kv_dtype, heads):
         C.set_paged_group_min_rows(before)
     with pytest.raises(ValueError, match="rows must be >= 1"):
         C.set_paged_group_min_rows(0)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+def test_a_thread_held_up_has_its_items_taken_over_with_the_same_bits(kv_dtype):
+    """The (rows, kv head) items run in one contiguous part per thread; a thread done with
+    its own takes the rest of another's from its end (kernel_common.h:
+    parallel_parts_stealing). Decode rows of odd lengths beside a prompt chunk (rows sharing
+    their keys), on two threads with the first held 3 ms: items are taken over (counted by
+    lanes_tiles_stolen, the counter of every such split) and the output keeps the bits of
+    the items handed out one at a time from a counter."""
+    import compress._C as C
+    lens = [1, 17, 33, 140, 9] + list(range(131, 138))
+    q, k, v, tables, _ = paged_case(lens[:5] + [140], 16, 8, 64, kv_dtype=kv_dtype, block_size=16, seed=3)
+    tables = torch.cat([tables[:5], tables[5:].repeat(7, 1)])
+    lens = torch.tensor(lens, dtype=torch.int32)
+    q = torch.randn(len(lens), 16, 64, generator=torch.Generator().manual_seed(4))
+    op = torch.ops.compress.paged_decode_attention
+    threads = torch.get_num_threads()
+    split = C.set_paged_parts_split(False)
+    try:
+        torch.set_num_threads(2)
+        counter = op(q, k, v, tables, lens, 0)
+        C.set_paged_parts_split(True)
+        C.set_lanes_test_hold_us(3000)
+        before = C.lanes_tiles_stolen()
+        held = op(q, k, v, tables, lens, 0)
+        stolen = C.lanes_tiles_stolen() - before
+    finally:
+        C.set_lanes_test_hold_us(0)
+        C.set_paged_parts_split(split)
+        torch.set_num_threads(threads)
+    assert stolen > 0
+    assert torch.equal(held, counter)
+    torch.testing.assert_close(counter, reference.paged_decode_attention(q, k, v, tables, lens, 0),
+                               rtol=1e-4, atol=1e-4)
