@@ -31,7 +31,8 @@ def add_serve_parser(sub) -> None:
     s.add_argument("path", nargs="?", default=str(EMBEDDED_MODEL),
                    help="checkpoint directory (default: the embedded model, models/pydoc-llama)")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=int, default=8000,
+                   help="port to listen on (default 8000; 0: any free one, named in the line printed when it is ready)")
     s.add_argument("--api-key", default=os.environ.get("COMPRESS_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on every route but /health "
                         "(default: $COMPRESS_API_KEY, else none)")
@@ -151,11 +152,14 @@ def _cmd_serve(args) -> int:
         raise FileNotFoundError(f"checkpoint directory not found: {args.path}")
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from compress.serve.server import serve
+    from compress.serve.server import listen_socket, listening_line, serve, socket_url
     from compress.serve.state import ServeConfig, default_model_name
 
     from compress.runtime.threads import run_on_fresh_thread
 
+    # bound before the model loads: a port in use fails at once, and port 0 gets a free one,
+    # printed below once the server is about to listen
+    sock = listen_socket(args.host, args.port)
     # loaded on a thread that exits: the engine's thread is then the only one with an
     # OpenMP pool (runtime/threads.py: two pools made every op wait for its workers)
     llm = run_on_fresh_thread(_load_and_prefault, args)
@@ -166,14 +170,13 @@ def _cmd_serve(args) -> int:
                          request_timeout=args.request_timeout or None)
     spec = getattr(llm, "speculative", None)
     spec_note = "" if spec is None else f" (speculative: {args.draft}, k={spec.num_speculative_tokens})"
-    print(f"compress serve: {config.model_name} ({args.path}) on http://{args.host}:{args.port}"
-          f"{' (API key required)' if config.api_key else ''}{spec_note}", flush=True)
+    print(listening_line(config.model_name, args.path, socket_url(sock),
+                         f"{' (API key required)' if config.api_key else ''}{spec_note}"), flush=True)
     if args.step_log:
         from compress.runtime.step_log import StepLog
 
         llm.engine.step_log = StepLog()
-    rc = serve(llm, config, host=args.host, port=args.port, shutdown_grace=args.shutdown_grace,
-               log_level=args.log_level)
+    rc = serve(llm, config, sock, shutdown_grace=args.shutdown_grace, log_level=args.log_level)
     if args.step_log:
         write_step_log(llm.engine.step_log, args.step_log)
     return rc

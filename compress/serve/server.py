@@ -8,13 +8,17 @@ OpenAI-style 503 (a stream gets an error event and ``[DONE]``), so every client 
 uvicorn cancels whatever is still open a few seconds later (a backstop), and the process
 exits 0.
 
-:class:`ServerThread` runs the same application on a thread of the calling process on a
-socket it has already bound (port 0: any free port), for tests and scripts.
+:class:`ServerThread` runs the same application on a thread of the calling process, for
+tests and scripts. Both listen on a socket bound before the model loads
+(:func:`listen_socket`): port 0 takes any free port, and ``compress serve`` prints the one it
+got (:func:`listening_line`, read back by :func:`url_in_log`), so a script that starts it
+needs no port picked beforehand, which another process could take in between.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import signal
 import socket
 import threading
@@ -38,6 +42,43 @@ def make_app(llm, config: ServeConfig):
     engine_loop = EngineLoop(llm).start()
     state = ServerState(config, llm, engine_loop)
     return build_app(state, on_shutdown=engine_loop.stop), state
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (0: any free port), not yet listening; an address
+    that cannot be bound is a ``UserError`` naming it."""
+    from compress.errors import UserError
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets that say so (else Nagle
+    # and delayed ACKs add ~40 ms to every keep-alive request)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UserError(f"cannot listen on {host}:{port} (--host / --port): {exc.strerror or exc}") from None
+    return sock
+
+
+def socket_url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+_URL_IN_LINE = re.compile(r"^compress serve: .* on (http://\S+?)(?: \(|$)", re.MULTILINE)
+
+
+def listening_line(model_name: str, path: str, url: str, notes: str = "") -> str:
+    """The line ``compress serve`` prints once its socket is bound (``url_in_log`` reads it)."""
+    return f"compress serve: {model_name} ({path}) on {url}{notes}"
+
+
+def url_in_log(text: str) -> str | None:
+    """The URL of the first ``listening_line`` in ``text`` (a server's output), or None."""
+    m = _URL_IN_LINE.search(text)
+    return m.group(1) if m else None
 
 
 BACKSTOP_S = 5.0    # after the grace period and the engine's aborts, uvicorn cancels what is left
@@ -66,19 +107,21 @@ class DrainingServer(uvicorn.Server):
             timer.cancel()
 
 
-def serve(llm, config: ServeConfig, host: str = "127.0.0.1", port: int = 8000,
-          shutdown_grace: float = 30.0, log_level: str = "info") -> int:
-    """Serves ``llm`` until SIGTERM; the engine steps on its own thread, so build ``llm`` on
-    a thread that exits (``runtime.threads.run_on_fresh_thread``, as ``compress serve``
-    does): an OpenMP pool left on this thread makes every op of the engine's wait."""
+def serve(llm, config: ServeConfig, sock: socket.socket, shutdown_grace: float = 30.0,
+          log_level: str = "info") -> int:
+    """Serves ``llm`` on ``sock`` (from :func:`listen_socket`) until SIGTERM; the engine
+    steps on its own thread, so build ``llm`` on a thread that exits
+    (``runtime.threads.run_on_fresh_thread``, as ``compress serve`` does): an OpenMP pool
+    left on this thread makes every op of the engine's wait."""
     app, state = make_app(llm, config)
+    host, port = sock.getsockname()[:2]
     server = DrainingServer(_uvicorn_config(app, host, port, shutdown_grace, log_level), state, shutdown_grace)
     # uvicorn re-raises the signal that stopped it once it has shut down; with the default
     # handler that would end the process "killed by SIGTERM". Ours makes that a no-op, so a
     # drained server exits 0.
     previous = signal.signal(signal.SIGTERM, lambda *_: None)
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         signal.signal(signal.SIGTERM, previous)
         state.engine_loop.stop()
@@ -94,12 +137,8 @@ class ServerThread:
 
     def __init__(self, llm, config: ServeConfig, host: str = "127.0.0.1", port: int = 0,
                  shutdown_grace: float = 5.0, log_level: str = "warning"):
+        self.sock = listen_socket(host, port)
         self.app, self.state = make_app(llm, config)
-        # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets that say so (else Nagle
-        # and delayed ACKs add ~40 ms to every keep-alive request)
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((host, port))
         self.host, self.port = self.sock.getsockname()[:2]
         self.server = DrainingServer(_uvicorn_config(self.app, host, self.port, shutdown_grace, log_level),
                                      self.state, shutdown_grace)
@@ -107,7 +146,7 @@ class ServerThread:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return socket_url(self.sock)
 
     def _run(self) -> None:
         asyncio.run(self.server.serve(sockets=[self.sock]))

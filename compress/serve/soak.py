@@ -38,12 +38,6 @@ PROMPTS = ["Return the", "Create a new", "If the", "The default", "This function
            "Return a list of", "Set the"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
 def rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -155,10 +149,27 @@ async def run_soak(port: int, pid: int, requests: int, concurrency: int, kill_ev
             "kv_blocks_used_at_end": checkpoints[-1]["kv_blocks_used"]}
 
 
-def start_server(path: str, port: int, extra: list[str], log) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "compress.cli", "serve", path, "--host", HOST, "--port", str(port),
+def start_server(path: str, extra: list[str], log) -> subprocess.Popen:
+    """``compress serve`` on a free port of its choosing, its output to ``log`` (a file)."""
+    cmd = [sys.executable, "-m", "compress.cli", "serve", path, "--host", HOST, "--port", "0",
            "--log-level", "warning", *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+
+def port_from_log(log, proc: subprocess.Popen, timeout: float) -> int:
+    """The port the server named in its output (read in place: the server shares the
+    file's offset, so seeking would move where it writes)."""
+    from compress.serve.server import url_in_log
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        url = url_in_log(os.pread(log.fileno(), 1 << 20, 0).decode(errors="replace"))
+        if url:
+            return int(url.rsplit(":", 1)[1])
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode} before it named its port")
+        time.sleep(0.1)
+    raise TimeoutError("the server did not name its port")
 
 
 async def wait_healthy(port: int, proc: subprocess.Popen, timeout: float) -> None:
@@ -179,13 +190,13 @@ async def wait_healthy(port: int, proc: subprocess.Popen, timeout: float) -> Non
 def soak(path: str, requests: int = 1000, concurrency: int = 8, kill_every: int = 7, max_tokens: int = 24,
          seed: int = 0, deadline_s: float = 1800.0, server_args: list[str] | None = None,
          kv_cache_tokens: int | None = 1024) -> dict:
-    port = free_port()
     server_args = list(server_args or [])
     if kv_cache_tokens:
         server_args += ["--kv-cache-tokens", str(kv_cache_tokens)]
     with tempfile.TemporaryFile() as log:
-        proc = start_server(path, port, server_args, log)
+        proc = start_server(path, server_args, log)
         try:
+            port = port_from_log(log, proc, 120)
             asyncio.run(wait_healthy(port, proc, 120))
             report = asyncio.run(run_soak(port, proc.pid, requests, concurrency, kill_every, max_tokens, seed,
                                           deadline_s))

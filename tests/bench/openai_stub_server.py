@@ -182,7 +182,10 @@ class StubServer(ThreadingHTTPServer):
 if __name__ == "__main__":
     import signal
 
-    server = StubServer(int(sys.argv[1]))
+    from compress.serve.server import listening_line
+
+    server = StubServer(int(sys.argv[1]))   # 0: any free port, named as compress serve names its own
+    print(listening_line("stub", __file__, server.url), flush=True)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     server.serve_forever()
     server.server_close()

@@ -8,6 +8,7 @@ import pytest
 from openai_stub_server import StubServer
 
 from compress.bench.serve import command
+from compress.bench.serve.client import http_json
 from compress.bench.serve.peers import PeerError, RunningPeer, free_port
 
 STUB = Path(__file__).with_name("openai_stub_server.py")
@@ -91,23 +92,34 @@ def test_long_prompt_workload_reports_the_stall(tmp_path, repo_root, capsys):
     assert "ITL p99 during ms" in capsys.readouterr().out
 
 
-def test_peer_subprocess_starts_serves_and_stops(tmp_path):
-    port = free_port()
+@pytest.mark.parametrize("port_in_log", [True, False], ids=["port-0-read-from-its-output", "port-given"])
+def test_peer_subprocess_starts_serves_and_stops(tmp_path, port_in_log):
+    port = 0 if port_in_log else free_port()
     peer = RunningPeer("stub", [sys.executable, str(STUB), str(port)], tmp_path / "stub.log",
-                       f"http://127.0.0.1:{port}")
+                       None if port_in_log else f"http://127.0.0.1:{port}")
     with peer:
         process = peer.process
         assert process.poll() is None
+        assert peer.base_url.startswith("http://127.0.0.1:") and not peer.base_url.endswith(":0")
+        assert http_json(peer.base_url + "/health")[0] == 200
     assert process.poll() is not None, "stopped when the block ends"
     assert (tmp_path / "stub.log").read_text().startswith("$ ")
 
 
-def test_peer_that_dies_is_reported_with_its_log(tmp_path):
-    port = free_port()
+@pytest.mark.parametrize("port_in_log", [True, False], ids=["port-0", "port-given"])
+def test_peer_that_dies_is_reported_with_its_log(tmp_path, port_in_log):
     peer = RunningPeer("broken", [sys.executable, "-c", "import sys; print('no model here'); sys.exit(3)"],
-                       tmp_path / "broken.log", f"http://127.0.0.1:{port}")
+                       tmp_path / "broken.log", None if port_in_log else f"http://127.0.0.1:{free_port()}")
     with pytest.raises(PeerError, match="(?s)exited with 3.*no model here"):
         peer.start(ready_timeout=20)
+
+
+def test_peer_that_never_names_its_port_is_reported(tmp_path):
+    peer = RunningPeer("mute", [sys.executable, "-c", "import time; print('loading', flush=True); time.sleep(60)"],
+                       tmp_path / "mute.log", None)
+    with pytest.raises(PeerError, match="(?s)mute: no 'compress serve: ... on URL' line after 1 s.*loading"):
+        peer.start(ready_timeout=1)
+    assert peer.process is None, "stopped"
 
 
 def test_unknown_peer_is_named(tmp_path, repo_root):
@@ -127,7 +139,8 @@ def test_peer_table(tmp_path):
     assert ours.command[ours.command.index("--threads") + 1] == "2" and "--max-num-seqs" not in ours.command
     assert serial.command[serial.command.index("--max-num-seqs") + 1] == "1"
     assert ours.body == serial.body == {"logprobs": 0}, "ours streams one chunk per token only with logprobs"
-    assert ours.base_url != serial.base_url and ours.log_path == tmp_path / "ours.log"
+    assert ours.command[ours.command.index("--port") + 1] == "0", "ours picks its port and names it"
+    assert ours.base_url is None and serial.base_url is None and ours.log_path == tmp_path / "ours.log"
     with pytest.raises(PeerError, match="no GGUF"):
         RunningPeer.from_settings("llamacpp", s, tmp_path)
 

@@ -17,10 +17,42 @@ import requests
 from conftest import EMBEDDED, MAX_NUM_SEQS, MODEL_NAME
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def test_the_listening_line_names_the_bound_url():
+    from compress.serve.server import listen_socket, listening_line, socket_url, url_in_log
+
+    with listen_socket("127.0.0.1", 0) as sock:
+        url = socket_url(sock)
+        port = sock.getsockname()[1]
+        assert port > 0 and url == f"http://127.0.0.1:{port}"
+        line = listening_line("m", "/x/on http://y (z)", url, " (API key required) (speculative: ngram, k=3)")
+        assert url_in_log(f"loading\n{line}\nmore\n") == url
+        assert url_in_log(listening_line("m", "p", url)) == url
+        assert url_in_log("compress serve: KV cache 12 blocks\n") is None
+
+
+def test_an_ipv6_address_is_bracketed_in_the_url():
+    from compress.errors import UserError
+    from compress.serve.server import listen_socket, socket_url
+
+    try:
+        sock = listen_socket("::1", 0)
+    except UserError:
+        pytest.skip("no IPv6 loopback on this machine")
+    with sock:
+        assert socket_url(sock) == f"http://[::1]:{sock.getsockname()[1]}"
+
+
+def test_a_port_in_use_is_named_before_the_model_loads(capsys):
+    from compress.cli import main
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        t0 = time.monotonic()
+        assert main(["serve", str(EMBEDDED), "--port", str(port)]) == 2
+        assert time.monotonic() - t0 < 5, "refused before loading the model"
+    out, err = capsys.readouterr()
+    assert "KV cache" not in out, "the model was loaded first"
+    assert f"compress serve: error: cannot listen on 127.0.0.1:{port} (--host / --port)" in err
 
 
 def test_serve_parser_defaults_to_the_embedded_model():
@@ -148,18 +180,20 @@ def test_runtime_options_are_checked_against_the_llm():
 
 @pytest.mark.slow
 def test_sigterm_drains_then_aborts_and_exits_zero(tmp_path):
-    port = free_port()
+    from compress.serve.server import url_in_log
+
     log = open(tmp_path / "serve.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "compress.cli", "serve", str(EMBEDDED), "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "compress.cli", "serve", str(EMBEDDED), "--port", "0",
                              "--shutdown-grace", "8", "--max-num-seqs", "8", "--log-level", "warning"],
                             stdout=log, stderr=subprocess.STDOUT, cwd=EMBEDDED.parents[1])
-    url = f"http://127.0.0.1:{port}"
+    url = None
     try:
         deadline = time.monotonic() + 120
         while True:
             assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+            url = url or url_in_log((tmp_path / "serve.log").read_text())   # port 0: the one it got
             try:
-                if requests.get(url + "/health", timeout=1).status_code == 200:
+                if url and requests.get(url + "/health", timeout=1).status_code == 200:
                     break
             except requests.ConnectionError:
                 pass

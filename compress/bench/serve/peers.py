@@ -1,5 +1,6 @@
 """The servers that ``compress bench serve`` compares, each started as a subprocess on a
-free loopback port and stopped after its runs:
+free loopback port and stopped after its runs (ours on port 0, read back from the line it
+prints; llama-server on a port picked just before):
 
 * ``ours``: ``compress serve MODEL`` (continuous batching, the engine's defaults);
 * ``ours-serial``: the same server admitting one sequence at a time
@@ -51,6 +52,10 @@ def _ours(s: PeerSettings, port: int, extra: list[str]) -> list[str]:
             "--threads", str(s.threads), *extra, *s.ours_args]
 
 
+def _ours_kind(extra: list[str], about: str) -> "PeerKind":
+    return PeerKind(lambda s, port: _ours(s, port, extra), about, OURS_BODY, port_in_log=True)
+
+
 # llama-server's flash attention (``-fa auto`` turns it on for the CPU) decoded one
 # request 4 to 10x slower with 16 slots of 2,048 tokens than without it (0.8-2.1 against
 # 8-9 tok/s, 345M Q4_0, 2 threads; with one slot both ran at 9-10 tok/s): the peer runs
@@ -76,6 +81,7 @@ class PeerKind:
     command: Callable[[PeerSettings, int], list[str]]
     about: str
     body: dict = field(default_factory=dict)
+    port_in_log: bool = False   # started on port 0; its URL is read from its output (serve.server.url_in_log)
 
 
 # `compress serve` streams a chunk only for tokens that add text; ids past the bench
@@ -85,13 +91,10 @@ class PeerKind:
 OURS_BODY = {"logprobs": 0}
 
 PEERS: dict[str, PeerKind] = {
-    "ours": PeerKind(lambda s, port: _ours(s, port, []), "compress serve (continuous batching)", OURS_BODY),
-    "ours-serial": PeerKind(lambda s, port: _ours(s, port, ["--max-num-seqs", "1"]),
-                            "compress serve, one sequence at a time (no continuous batching)", OURS_BODY),
-    "ours-no-prefix-cache": PeerKind(lambda s, port: _ours(s, port, ["--no-prefix-caching"]),
-                                     "compress serve without prefix caching", OURS_BODY),
-    "ours-no-chunking": PeerKind(lambda s, port: _ours(s, port, ["--no-chunked-prefill"]),
-                                 "compress serve without chunked prefill", OURS_BODY),
+    "ours": _ours_kind([], "compress serve (continuous batching)"),
+    "ours-serial": _ours_kind(["--max-num-seqs", "1"], "compress serve, one sequence at a time (no continuous batching)"),
+    "ours-no-prefix-cache": _ours_kind(["--no-prefix-caching"], "compress serve without prefix caching"),
+    "ours-no-chunking": _ours_kind(["--no-chunked-prefill"], "compress serve without chunked prefill"),
     # llama-server streams every token (empty text included), so it needs no extra field
     "llamacpp": PeerKind(_llamacpp, "llama.cpp llama-server, parallel slots with continuous batching"),
 }
@@ -117,6 +120,7 @@ class RunningPeer:
 
     def __init__(self, name: str, command: list[str] | None, log_path: Path | None, base_url: str | None = None,
                  body: dict | None = None):
+        """``base_url`` None: the server names its URL in its output (``compress serve --port 0``)."""
         self.name, self.command, self.log_path = name, command, log_path
         self.base_url = base_url
         self.body = dict(body or {})   # extra fields of every request
@@ -126,9 +130,10 @@ class RunningPeer:
     def from_settings(cls, name: str, settings: PeerSettings, log_dir: Path) -> "RunningPeer":
         if name not in PEERS:
             raise PeerError(f"peer {name!r}: unknown; choose among {', '.join(PEERS)} or give --url {name}=URL")
-        port = free_port()
         kind = PEERS[name]
-        return cls(name, kind.command(settings, port), log_dir / f"{name}.log", f"http://127.0.0.1:{port}", kind.body)
+        port = 0 if kind.port_in_log else free_port()
+        return cls(name, kind.command(settings, port), log_dir / f"{name}.log",
+                   None if kind.port_in_log else f"http://127.0.0.1:{port}", kind.body)
 
     def start(self, ready_timeout: float = 600.0) -> "RunningPeer":
         if self.command is not None:
@@ -140,7 +145,13 @@ class RunningPeer:
                                                 stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + ready_timeout
         while True:
-            status, _ = http_json(self.base_url.rstrip("/") + "/health", timeout=5.0)
+            if self.base_url is None and self.log_path is not None:
+                from compress.serve.server import url_in_log
+
+                self.base_url = url_in_log(self.log_path.read_text(errors="replace"))
+            status = None
+            if self.base_url is not None:
+                status, _ = http_json(self.base_url.rstrip("/") + "/health", timeout=5.0)
             if status == 200:
                 return self
             if self.process is not None and self.process.poll() is not None:
@@ -149,7 +160,8 @@ class RunningPeer:
             if time.monotonic() > deadline:
                 self.stop()
                 where = f" (log {self.log_path}):\n{_tail(self.log_path)}" if self.log_path else ""
-                raise PeerError(f"peer {self.name}: {self.base_url}/health not 200 after {ready_timeout:g} s{where}")
+                what = f"{self.base_url}/health not 200" if self.base_url else "no 'compress serve: ... on URL' line"
+                raise PeerError(f"peer {self.name}: {what} after {ready_timeout:g} s{where}")
             time.sleep(0.25)
 
     def stop(self, grace: float = 30.0) -> None:
