@@ -9,6 +9,7 @@ import compress.ops as ops
 from compress.accuracy import sqnr_db
 from compress.ops import reference
 from int_weights import make_int4, make_int8
+from held_thread import run_with_a_held_thread
 
 native = pytest.mark.skipif(not ops.native_available("cpu"), reason="native CPU kernels not built")
 
@@ -196,20 +197,7 @@ def test_a_thread_held_up_has_its_tiles_taken_over_without_moving_a_bit(op, m, n
 
         def gemm():
             return getattr(torch.ops.compress, f"{op}_gemm_lanes")(x, *prepared, 128, n)
-    threads = torch.get_num_threads()
-    stealing = _C.set_lanes_tile_stealing(False)
-    try:
-        torch.set_num_threads(2)
-        static = gemm()
-        _C.set_lanes_tile_stealing(True)
-        _C.set_lanes_test_hold_us(3000)
-        before = _C.lanes_tiles_stolen()
-        held = gemm()
-        stolen = _C.lanes_tiles_stolen() - before
-    finally:
-        _C.set_lanes_test_hold_us(0)
-        _C.set_lanes_tile_stealing(stealing)
-        torch.set_num_threads(threads)
+    static, held, stolen = run_with_a_held_thread(gemm, _C.set_lanes_tile_stealing)
     assert stolen > 0
     assert torch.equal(held, static)
     with pytest.raises(ValueError, match="microseconds"):

@@ -9,6 +9,8 @@ import math
 import pytest
 import torch
 
+from held_thread import run_with_a_held_thread
+
 from compress.ops import reference
 
 BS = 8  # block size of the cases
@@ -265,20 +267,7 @@ def test_a_thread_held_up_has_its_items_taken_over_with_the_same_bits(kv_dtype):
     lens = torch.tensor(lens, dtype=torch.int32)
     q = torch.randn(len(lens), 16, 64, generator=torch.Generator().manual_seed(4))
     op = torch.ops.compress.paged_decode_attention
-    threads = torch.get_num_threads()
-    split = C.set_paged_parts_split(False)
-    try:
-        torch.set_num_threads(2)
-        counter = op(q, k, v, tables, lens, 0)
-        C.set_paged_parts_split(True)
-        C.set_lanes_test_hold_us(3000)
-        before = C.lanes_tiles_stolen()
-        held = op(q, k, v, tables, lens, 0)
-        stolen = C.lanes_tiles_stolen() - before
-    finally:
-        C.set_lanes_test_hold_us(0)
-        C.set_paged_parts_split(split)
-        torch.set_num_threads(threads)
+    counter, held, stolen = run_with_a_held_thread(lambda: op(q, k, v, tables, lens, 0), C.set_paged_parts_split)
     assert stolen > 0
     assert torch.equal(held, counter)
     torch.testing.assert_close(counter, reference.paged_decode_attention(q, k, v, tables, lens, 0),
