@@ -217,8 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="where the model runs (cuda: CUDA kernels and decode graphs; wants --dtype float16 or bfloat16)")
-    g.add_argument("--kv-cache-dtype", default=None, choices=["float16"],
-                   help="store keys and values in float16 (half the cache bytes; default: --dtype, exact)")
+    g.add_argument("--kv-cache-dtype", default=None, choices=["float16", "int8"],
+                   help="store keys and values in float16 (half the cache bytes) or int8 with a scale a row (CPU; "
+                        "a quarter of float32's); default: --dtype, exact")
     g.add_argument("--kernels", choices=["native", "reference"], default="native")
     g.add_argument("--w4-activations", choices=W4_ACTIVATIONS, default=DEFAULT_W4_ACTIVATIONS,
                    help="activations of int4 (w4a16) layers: float, the scheme's numbers (default), or int8 per block "

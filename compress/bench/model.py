@@ -161,7 +161,8 @@ def run(args, log=print) -> dict:
                     scheme += "/int8-act"
                 if device == "cuda" and graphs == "off":
                     scheme += "/no-graphs"
-                kv_name = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}[llm.kv_cache_dtype]
+                kv_name = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16",
+                           torch.int8: "i8"}[llm.kv_cache_dtype]
                 for b in args.batch:
                     runners.append(("compress", scheme, b, _streamed_bytes(llm.model),
                                     compress_runner(llm, b, args.prompt_len, args.new_tokens), kv_name))
@@ -311,9 +312,9 @@ def add_arguments(p) -> None:
     p.add_argument("--w4-activations", nargs="*", default=["float", "int8"], choices=["float", "int8"],
                    help="our int4 layers' activations, one run each: float (the w4a16 scheme's numbers) and int8 "
                         "per block of 32 (the CPU fast path, as llama.cpp's Q4 x Q8; scheme 'w4a16/int8-act')")
-    p.add_argument("--kv-cache-dtypes", nargs="*", default=["model", "float16"], choices=["model", "float16"],
-                   help="KV cache types to run our runtime with: 'model' (= --dtype, exact) and/or float16 "
-                        "(what llama.cpp keeps)")
+    p.add_argument("--kv-cache-dtypes", nargs="*", default=["model", "float16"], choices=["model", "float16", "int8"],
+                   help="KV cache types to run our runtime with: 'model' (= --dtype, exact), float16 "
+                        "(what llama.cpp keeps) and/or int8 (a scale a row)")
     p.add_argument("--hf-dtypes", nargs="*", default=["float32", "bfloat16"], choices=["float32", "bfloat16", "float16"])
     p.add_argument("--gguf-types", nargs="*", default=["q4_0", "q8_0"], choices=["q4_0", "q8_0", "f16"])
     p.add_argument("--llamacpp-dir", help="where `compress bench llamacpp` built llama.cpp's tools "

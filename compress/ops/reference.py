@@ -21,6 +21,8 @@ import sys
 
 import torch
 
+from compress.ops import kv_int8
+
 INT8_MAX = 127.0
 
 
@@ -469,7 +471,7 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
                            block_tables: torch.Tensor, context_lens: torch.Tensor, window: int) -> torch.Tensor:
     """One query per row over a paged KV cache: ``q [B, Hq, D]``; ``k_pool``/``v_pool``
     ``[num_blocks, Hkv, block_size, D]`` (float32, bfloat16 or float16, any of them under
-    a float32 / bfloat16 ``q``); row r's key at position p lives in block
+    a float32 / bfloat16 ``q``; or int8 rows ``[..., D + 4]``, ``kv_int8.py``); row r's key at position p lives in block
     ``block_tables[r, p // block_size]`` (int32 ``[B, M]``) at offset ``p % block_size``.
     Row r attends to its keys ``0 .. context_lens[r] - 1`` (int32 ``[B]``, each >= 1), and
     with ``window > 0`` only to the last ``window`` of them (0 = full attention). Query
@@ -478,7 +480,7 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     context are never read (they may hold anything)."""
     b, hq, d = q.shape
     nb, hkv, bs, dk = k_pool.shape
-    if v_pool.shape != k_pool.shape or dk != d or hkv == 0 or hq % hkv != 0:
+    if v_pool.shape != k_pool.shape or dk != kv_int8.row_elems(d, k_pool.dtype) or hkv == 0 or hq % hkv != 0:
         raise ValueError(f"paged_decode_attention: q {tuple(q.shape)} does not fit k_pool {tuple(k_pool.shape)} / "
                          f"v_pool {tuple(v_pool.shape)} (head_dim, or Hq % Hkv)")
     if block_tables.dim() != 2 or block_tables.shape[0] != b or context_lens.shape != (b,):
@@ -502,8 +504,8 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     if int(blocks.min()) < 0 or int(blocks.max()) >= nb:
         raise ValueError(f"paged_decode_attention: a block table entry in use is outside 0..{nb - 1}")
     offsets = (pos % bs).expand(b, s)
-    k = k_pool[blocks, :, offsets].to(torch.float32)  # [B, S, Hkv, D]
-    v = v_pool[blocks, :, offsets].to(torch.float32)
+    k = kv_int8.from_pool(k_pool[blocks, :, offsets], torch.float32)  # [B, S, Hkv, D]
+    v = kv_int8.from_pool(v_pool[blocks, :, offsets], torch.float32)
     group = hq // hkv
     qf = q.to(torch.float32).view(b, hkv, group, d)
     scores = torch.einsum("bhgd,bshd->bhgs", qf, k) / math.sqrt(d)

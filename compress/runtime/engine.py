@@ -26,6 +26,7 @@ from compress.runtime.layers import Int4Linear
 from compress.w4_activations import DEFAULT_W4_ACTIVATIONS
 from compress.runtime.loading import open_checkpoint
 from compress.dtypes import resolve_dtype
+from compress.runtime.kv_cache import resolve_kv_cache_dtype
 from compress.runtime.llm_engine import LLMEngine
 from compress.runtime.models.llama import build_model
 from compress.runtime.sampling import SamplingParams
@@ -42,7 +43,8 @@ class LLM:
     ``max_position_embeddings``. ``threads`` sets torch's intra-op threads.
     ``kv_cache_dtype``: the KV cache's element type, ``None`` for the model's ``dtype``
     (exact), ``"float16"`` or ``"bfloat16"`` (half the cache bytes a decode step reads;
-    keys and values are rounded when stored), or ``"float32"``.
+    keys and values are rounded when stored), ``"int8"`` (CPU: a quarter of float32's
+    bytes and a scale a row, ``compress/ops/kv_int8.py``), or ``"float32"``.
     ``w4_activations``: how int4 (w4a16) layers treat their activations. ``"float"`` (the
     default): as the scheme and its compressed-tensors export say, activations in the
     model's dtype against each weight dequantized in fp32, so the logits are what
@@ -126,9 +128,7 @@ class LLM:
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise UserError(f"device={str(device)!r}: torch {torch.__version__} sees no CUDA device")
         self.kernels = kernels
-        kv = self.dtype if kv_cache_dtype is None else resolve_dtype(kv_cache_dtype)
-        if kv not in (torch.float32, torch.bfloat16, torch.float16):
-            raise ValueError(f"kv_cache_dtype must be float32, bfloat16 or float16 (or None: the model dtype), got {kv}")
+        kv = resolve_kv_cache_dtype(kv_cache_dtype, self.dtype, self.device)
         self.model = build_model(ckpt, self.dtype, self.device, kernels, max_seq_len, w4_activations=w4_activations)
         # what the int4 layers run with (reports record it); None: the model has none
         has_int4 = any(isinstance(m, Int4Linear) for m in self.model.modules())

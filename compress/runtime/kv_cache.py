@@ -1,5 +1,6 @@
 """The paged KV cache: ``k``, ``v`` of shape ``[n_layers, num_blocks, n_kv_heads,
-block_size, head_dim]``.
+block_size, head_dim]`` (int8: ``head_dim + 4``, each row followed by its scale,
+``compress/ops/kv_int8.py``).
 
 Position ``p`` of a sequence lives in block ``block_table[p // block_size]`` at offset
 ``p % block_size`` (its slot is ``block * block_size + offset``); the block manager
@@ -18,9 +19,12 @@ import os
 
 import torch
 
+from compress.ops import kv_int8
 from compress.runtime.hugepages import huge_page_zeros
 
-KV_CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# the cache's element types by the name flags and arguments give; int8: a scale a row
+KV_CACHE_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                                           "float16": torch.float16, "int8": torch.int8}
 # the default pool's cap, as a share of the machine's memory (CPU) or of the device's
 # free memory (CUDA): a cache for every row at full length can be far larger
 DEFAULT_MEMORY_SHARE = 0.5
@@ -31,9 +35,28 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
     return torch.zeros(shape, dtype=dtype, device=device) if t is None else t
 
 
+def resolve_kv_cache_dtype(dtype, model_dtype: torch.dtype, device="cpu") -> torch.dtype:
+    """The cache's element type for ``dtype`` (a name of ``KV_CACHE_DTYPES``, a torch
+    dtype, or None: ``model_dtype``); a ValueError naming the choices otherwise. int8
+    is CPU-only: the CUDA paged attention kernel reads float pools."""
+    if dtype is None:
+        kv = model_dtype
+    elif isinstance(dtype, torch.dtype):
+        kv = dtype
+    else:
+        kv = KV_CACHE_DTYPES.get(str(dtype))
+    if kv not in KV_CACHE_DTYPES.values():
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)} (or None: the model dtype), "
+                         f"got {dtype!r}")
+    if kv == torch.int8 and torch.device(device).type != "cpu":
+        raise ValueError(f"kv_cache_dtype int8 runs on CPU only (the CUDA paged attention kernel reads float "
+                         f"pools); device is {device}")
+    return kv
+
+
 def bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    """Bytes of K and V one position takes across all layers."""
-    return 2 * n_layers * n_kv_heads * head_dim * dtype.itemsize
+    """Bytes of K and V one position takes across all layers (int8: with its scales)."""
+    return 2 * n_layers * n_kv_heads * kv_int8.row_elems(head_dim, dtype) * dtype.itemsize
 
 
 def default_num_blocks(max_num_seqs: int, max_seq_len: int, block_size: int, token_bytes: int, device) -> int:
@@ -56,9 +79,8 @@ def default_num_blocks(max_num_seqs: int, max_seq_len: int, block_size: int, tok
 class PagedKVCache:
     def __init__(self, n_layers: int, num_blocks: int, n_kv_heads: int, block_size: int, head_dim: int,
                  dtype: torch.dtype, device="cpu"):
-        if dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype must be one of float32, bfloat16, float16, got {dtype}")
-        shape = (n_layers, num_blocks, n_kv_heads, block_size, head_dim)
+        dtype = resolve_kv_cache_dtype(dtype, dtype, device)
+        shape = (n_layers, num_blocks, n_kv_heads, block_size, kv_int8.row_elems(head_dim, dtype))
         self.k = _zeros(shape, dtype, device)
         self.v = _zeros(shape, dtype, device)
         self.num_blocks, self.block_size = num_blocks, block_size

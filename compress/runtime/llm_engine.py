@@ -18,9 +18,8 @@ import time
 
 import torch
 
-from compress.dtypes import resolve_dtype
 from compress.runtime.block_manager import BlockManager
-from compress.runtime.kv_cache import PagedKVCache, bytes_per_token, default_num_blocks
+from compress.runtime.kv_cache import PagedKVCache, bytes_per_token, default_num_blocks, resolve_kv_cache_dtype
 from compress.runtime.model_runner import ModelRunner
 from compress.runtime.models.llama import LlamaFamilyModel
 from compress.runtime.sampling import BatchSampler, SamplingParams, token_logprobs_topk
@@ -43,8 +42,8 @@ def _native_decode(model: LlamaFamilyModel):
 
 
 class LLMEngine:
-    """``kv_cache_dtype``: the cache's element type (float32 / bfloat16 / float16; None:
-    the model's dtype). ``kv_cache_tokens``: positions the paged cache holds in all
+    """``kv_cache_dtype``: the cache's element type (float32 / bfloat16 / float16, or int8
+    with a scale a row, ``compress/ops/kv_int8.py``; None: the model's dtype). ``kv_cache_tokens``: positions the paged cache holds in all
     (rounded up to whole blocks); default: ``max_num_seqs`` rows of ``max_seq_len``,
     capped at half the memory (``kv_cache.default_num_blocks``). ``native_decode``:
     run decode-only steps through the native plan where the model allows it.
@@ -66,7 +65,7 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.eos_token_ids = set(eos_token_ids)
         self.bos_token_id = bos_token_id
-        kv_dtype = model.dtype if kv_cache_dtype is None else resolve_dtype(kv_cache_dtype)
+        kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, model.dtype, model.device)
         n_layers = len(model.layers)
         if kv_cache_tokens is None:
             num_blocks = default_num_blocks(max_num_seqs, model.max_seq_len, block_size,

@@ -9,22 +9,25 @@
 
 Windows: a query at position ``p`` sees keys ``p - window + 1 .. p`` (``window`` 0 or
 ``None``: all of ``0 .. p``). Keys and values are converted to the queries' dtype for
-the products (a float16 or bfloat16 cache under float32 activations).
+the products (a float16 or bfloat16 cache under float32 activations); an int8 cache's
+rows are quantized when written and read back as ``float(q) * scale``
+(``compress/ops/kv_int8.py``).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from compress.ops import get_op, library
+from compress.ops import get_op, kv_int8, library
 
 
 def write_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              block_idx: torch.Tensor, block_off: torch.Tensor) -> None:
     """``k``, ``v`` ``[N, Hkv, D]`` into one layer's pools ``[NB, Hkv, BS, D]`` at each
-    token's block and offset (int64 ``[N]``), converted to the pool's dtype."""
-    k_pool[block_idx, :, block_off] = k.to(k_pool.dtype)
-    v_pool[block_idx, :, block_off] = v.to(v_pool.dtype)
+    token's block and offset (int64 ``[N]``), converted to the pool's dtype (int8:
+    quantized rows)."""
+    k_pool[block_idx, :, block_off] = kv_int8.to_pool(k, k_pool.dtype)
+    v_pool[block_idx, :, block_off] = kv_int8.to_pool(v, v_pool.dtype)
 
 
 def gather_context(pool: torch.Tensor, blocks: torch.Tensor, length: int) -> torch.Tensor:
@@ -48,8 +51,8 @@ def decode_attention_reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: to
         k, v = gather_context(k_pool, blocks, n), gather_context(v_pool, blocks, n)
         if window and n > window:
             k, v = k[:, n - window:], v[:, n - window:]
-        y = F.scaled_dot_product_attention(q[r].unsqueeze(1).unsqueeze(0), k.to(q.dtype).unsqueeze(0),
-                                           v.to(q.dtype).unsqueeze(0), enable_gqa=hq != k.shape[0])
+        y = F.scaled_dot_product_attention(q[r].unsqueeze(1).unsqueeze(0), kv_int8.from_pool(k, q.dtype).unsqueeze(0),
+                                           kv_int8.from_pool(v, q.dtype).unsqueeze(0), enable_gqa=hq != k.shape[0])
         out[r] = y[0, :, 0]
     return out
 
@@ -78,10 +81,11 @@ def chunk_mask(start: int, length: int, context: int, window: int | None, device
 
 
 def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """``q [T, Hq, D]`` over ``k, v [Hkv, S, D]`` with ``mask`` from ``chunk_mask``
-    (``None``: causal, T == S): ``[T, Hq, D]``."""
+    """``q [T, Hq, D]`` over ``k, v [Hkv, S, D]`` (pool rows of any K / V dtype) with
+    ``mask`` from ``chunk_mask`` (``None``: causal, T == S): ``[T, Hq, D]``."""
     qh = q.transpose(0, 1).unsqueeze(0)
-    y = F.scaled_dot_product_attention(qh, k.to(q.dtype).unsqueeze(0), v.to(q.dtype).unsqueeze(0), attn_mask=mask,
+    k, v = kv_int8.from_pool(k, q.dtype), kv_int8.from_pool(v, q.dtype)
+    y = F.scaled_dot_product_attention(qh, k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask,
                                        is_causal=mask is None, enable_gqa=q.shape[1] != k.shape[0])
     return y[0].transpose(0, 1)
 
@@ -92,7 +96,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: t
     values ``k, v [N, Hkv, D]`` are already in the pools: the one-token rows in one
     ``decode_op`` call, each prefill chunk over its gathered context. ``q [N, Hq, D]``
     -> ``[N, Hq, D]``. A chunk that starts at position 0 reads its own new keys (rounded
-    to the pool's dtype, as the pool holds them) instead of gathering them back."""
+    to the pool's dtype, or quantized, as the pool holds them) instead of gathering them
+    back."""
     parts = []
     nd = batch.num_decodes
     if nd:
@@ -100,8 +105,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: t
                                window or 0))
     for i, row in enumerate(batch.prefill_rows):
         if row.start == 0:
-            kk = k[row.q_start:row.q_end].to(k_pool.dtype).transpose(0, 1)
-            vv = v[row.q_start:row.q_end].to(v_pool.dtype).transpose(0, 1)
+            kk = kv_int8.to_pool(k[row.q_start:row.q_end], k_pool.dtype).transpose(0, 1)
+            vv = kv_int8.to_pool(v[row.q_start:row.q_end], v_pool.dtype).transpose(0, 1)
         else:
             kk = gather_context(k_pool, row.blocks, row.context)
             vv = gather_context(v_pool, row.blocks, row.context)

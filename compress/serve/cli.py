@@ -69,7 +69,8 @@ def add_serve_parser(sub) -> None:
     r.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", default=None,
                    help="on a GPU, launch every decode step's kernels instead of replaying CUDA graphs")
     r.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-    r.add_argument("--kv-cache-dtype", default=None, choices=["float16", "bfloat16", "float32"])
+    r.add_argument("--kv-cache-dtype", default=None, choices=["float16", "bfloat16", "float32", "int8"],
+                   help="K / V cache element type (default: --dtype); int8: a scale a row, CPU only")
     r.add_argument("--kernels", default=None, choices=["native", "reference"])
     r.add_argument("--w4-activations", default=None, choices=W4_ACTIVATIONS,
                    help=f"activations of int4 layers (default {DEFAULT_W4_ACTIVATIONS})")

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "cpu/kernel_common.h"
+#include "cpu/kv_int8.h"
 #include "cpu/ops.h"
 
 namespace compress_cpu {
@@ -149,6 +150,8 @@ void rope_and_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tens
   const int64_t vs0 = v_pool.stride(0), vs1 = v_pool.stride(1), vs2 = v_pool.stride(2);
   // rows write distinct slots (one position each): a prompt chunk's rows in parallel
   at::parallel_for(0, B, 8, [&](int64_t b0, int64_t b1) {
+  std::vector<float> row;   // an int8 pool's k / v row in fp32, before kv_int8_quantize
+  if constexpr (std::is_same_v<TC, int8_t>) row.resize(D);
   for (int64_t b = b0; b < b1; ++b) {
     const T* c = cos_base + b * cos.stride(0);
     const T* s = sin_base + b * sin.stride(0);
@@ -158,7 +161,12 @@ void rope_and_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tens
       const T* x = src_base + b * qkv.stride(0) + h * D;
       if (h >= nq + nkv) {  // v: stored as is (rounded to TC)
         TC* dst = vp + blk * vs0 + (h - nq - nkv) * vs1 + off * vs2;
-        for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<TC>(static_cast<float>(x[d]));
+        if constexpr (std::is_same_v<TC, int8_t>) {
+          for (int64_t d = 0; d < D; ++d) row[d] = static_cast<float>(x[d]);
+          kv_int8_quantize(row.data(), D, dst);
+        } else {
+          for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<TC>(static_cast<float>(x[d]));
+        }
         continue;
       }
       auto rotate = [&](auto* dst) {
@@ -170,8 +178,14 @@ void rope_and_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tens
           dst[d] = static_cast<TD>(static_cast<float>(static_cast<T>(static_cast<float>(a) + static_cast<float>(r))));
         }
       };
-      if (h < nq) rotate(qp + (b * nq + h) * D);
-      else rotate(kp + blk * ks0 + (h - nq) * ks1 + off * ks2);
+      if (h < nq) {
+        rotate(qp + (b * nq + h) * D);
+      } else if constexpr (std::is_same_v<TC, int8_t>) {
+        rotate(row.data());
+        kv_int8_quantize(row.data(), D, kp + blk * ks0 + (h - nq) * ks1 + off * ks2);
+      } else {
+        rotate(kp + blk * ks0 + (h - nq) * ks1 + off * ks2);
+      }
     }
   }
   });
@@ -184,6 +198,7 @@ void rope_and_store_dispatch(const at::Tensor& qkv, const at::Tensor& cos, const
   switch (k_pool.scalar_type()) {
     case at::kFloat: rope_and_store<T, float>(qkv, cos, sin, q, k_pool, v_pool, rows, nq, nkv); break;
     case at::kBFloat16: rope_and_store<T, c10::BFloat16>(qkv, cos, sin, q, k_pool, v_pool, rows, nq, nkv); break;
+    case at::kChar: rope_and_store<T, int8_t>(qkv, cos, sin, q, k_pool, v_pool, rows, nq, nkv); break;
     default: rope_and_store<T, c10::Half>(qkv, cos, sin, q, k_pool, v_pool, rows, nq, nkv); break;
   }
 }

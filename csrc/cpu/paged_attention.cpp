@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "cpu/kernel_common.h"
+#include "cpu/kv_int8.h"
 #include "cpu/ops.h"
 
 namespace compress_cpu {
@@ -135,8 +136,9 @@ void paged_generic(const Paged& a, const T* q, const TKV* k, const TKV* v, T* ou
       for (int64_t s = 0; s < S; ++s) {
         const int64_t p = first + s;
         const TKV* krow = k + table[p / a.BS] * a.ks0 + hk * a.ks1 + (p % a.BS) * a.ks2;
+        const float ks = kv_row_scale(krow, D);
         float dot = 0.f;
-        for (int64_t d = 0; d < D; ++d) dot += qf[d] * to_f32(krow[d]);
+        for (int64_t d = 0; d < D; ++d) dot += qf[d] * kv_elem(krow, d, ks);
         scores[s] = dot;
         mx = std::max(mx, dot);
       }
@@ -146,7 +148,8 @@ void paged_generic(const Paged& a, const T* q, const TKV* k, const TKV* v, T* ou
       for (int64_t s = 0; s < S; ++s) {
         const int64_t p = first + s;
         const TKV* vrow = v + table[p / a.BS] * a.vs0 + hk * a.vs1 + (p % a.BS) * a.vs2;
-        for (int64_t d = 0; d < D; ++d) acc[d] += scores[s] * to_f32(vrow[d]);
+        const float vsc = kv_row_scale(vrow, D);
+        for (int64_t d = 0; d < D; ++d) acc[d] += scores[s] * kv_elem(vrow, d, vsc);
       }
       T* orow = out + (b * a.Hq + h) * D;
       const float inv = 1.f / denom;
@@ -193,6 +196,11 @@ inline __m256 load8_f32(const c10::BFloat16* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
 }
 inline __m256 load8_f32(const float* p) { return _mm256_loadu_ps(p); }
+// Eight int8 values as fp32, times their row's scale (kv_int8.h: float(q) * scale).
+inline __m256 load8_f32_scaled(const int8_t* p, __m256 scale) {
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), scale);
+}
 
 // Scores of one or two q heads (TWO) against one run: four keys at a time, one
 // accumulator per (head, key), reduced together (hsum4x256_ps).
@@ -312,7 +320,12 @@ const float* gather_rows_f32(const Paged& a, const TKV* pool, int64_t s0, int64_
     for (int64_t i = 0; i < n; ++i) {
       if (i < nrows)
         for (int64_t d = 0; d < D; d += 32) _mm_prefetch(reinterpret_cast<const char*>(nsrc + i * s2 + d), _MM_HINT_T0);
-      for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, load8_f32(src + i * s2 + d));
+      if constexpr (std::is_same_v<TKV, int8_t>) {
+        const __m256 scale = _mm256_set1_ps(kv_int8_scale(src + i * s2, D));
+        for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, load8_f32_scaled(src + i * s2 + d, scale));
+      } else {
+        for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, load8_f32(src + i * s2 + d));
+      }
       dst += D;
     }
     p = pn;
@@ -553,23 +566,31 @@ void paged_dispatch(const Paged& a, const at::Tensor& q, const at::Tensor& k, co
   switch (k.scalar_type()) {
     case at::kFloat: paged_dispatch_kv<T, float>(a, q, k, v, out); break;
     case at::kBFloat16: paged_dispatch_kv<T, c10::BFloat16>(a, q, k, v, out); break;
+    case at::kChar: paged_dispatch_kv<T, int8_t>(a, q, k, v, out); break;
     default: paged_dispatch_kv<T, c10::Half>(a, q, k, v, out); break;
   }
 }
 
 bool is_float_type(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
+bool is_kv_type(at::ScalarType t) { return is_float_type(t) || t == at::kChar; }
 
 }  // namespace
 
+static int64_t pool_row_elems(const at::Tensor& pool, int64_t head_dim) {
+  return pool.scalar_type() == at::kChar ? head_dim + kKvInt8ScaleBytes : head_dim;
+}
+
 void check_paged_pools(const char* op, const at::Tensor& k_pool, const at::Tensor& v_pool, int64_t n_kv_heads,
                        int64_t head_dim) {
+  TORCH_CHECK(k_pool.scalar_type() == v_pool.scalar_type() && is_kv_type(k_pool.scalar_type()), op,
+              ": k_pool and v_pool must have one dtype, float32, bfloat16, float16 or int8; got ",
+              k_pool.scalar_type(), " and ", v_pool.scalar_type());
+  const int64_t row = pool_row_elems(k_pool, head_dim);
   TORCH_CHECK(k_pool.dim() == 4 && k_pool.sizes() == v_pool.sizes() && k_pool.size(1) == n_kv_heads &&
-                  k_pool.size(3) == head_dim && k_pool.size(2) > 0,
-              op, ": k_pool and v_pool must both be [num_blocks, n_kv_heads, block_size, head_dim] = [NB, ", n_kv_heads,
-              ", BS, ", head_dim, "], got k_pool ", k_pool.sizes(), ", v_pool ", v_pool.sizes());
-  TORCH_CHECK(k_pool.scalar_type() == v_pool.scalar_type() && is_float_type(k_pool.scalar_type()), op,
-              ": k_pool and v_pool must have one dtype, float32, bfloat16 or float16; got ", k_pool.scalar_type(),
-              " and ", v_pool.scalar_type());
+                  k_pool.size(3) == row && k_pool.size(2) > 0,
+              op, ": k_pool and v_pool must both be [num_blocks, n_kv_heads, block_size, ",
+              row == head_dim ? "head_dim" : "head_dim + 4 (int8: the row's scale)", "] = [NB, ", n_kv_heads, ", BS, ",
+              row, "], got k_pool ", k_pool.sizes(), ", v_pool ", v_pool.sizes());
   TORCH_CHECK(k_pool.stride(3) == 1 && v_pool.stride(3) == 1 && k_pool.device().is_cpu() && v_pool.device().is_cpu(),
               op, ": k_pool and v_pool must be CPU tensors with a contiguous last dim");
 }
@@ -606,7 +627,8 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_po
               ": q must be [B, Hq, head_dim] float32, bfloat16 or float16, got ", q_in.sizes(), " ",
               q_in.scalar_type());
   const int64_t B = q_in.size(0), Hq = q_in.size(1), D = q_in.size(2);
-  TORCH_CHECK(k_pool.dim() == 4 && k_pool.size(1) > 0 && Hq % k_pool.size(1) == 0 && k_pool.size(3) == D, op,
+  TORCH_CHECK(k_pool.dim() == 4 && k_pool.size(1) > 0 && Hq % k_pool.size(1) == 0 &&
+                  k_pool.size(3) == pool_row_elems(k_pool, D), op,
               ": q ", q_in.sizes(), " does not fit k_pool ", k_pool.sizes(), " (head_dim, or Hq % Hkv)");
   check_paged_pools(op, k_pool, v_pool, k_pool.size(1), D);
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == B && block_tables.scalar_type() == at::kInt, op,

@@ -1,7 +1,8 @@
 """compress::paged_decode_attention: the reference against a plain per-row computation
 on the gathered keys, and every kernel (the native op on each ISA) against the reference
 at odd lengths and block boundaries, shuffled block tables, GQA ratios, windows and the
-fp32 / bf16 / fp16 cache element types; opcheck; errors."""
+fp32 / bf16 / fp16 cache element types and int8 rows (a scale each, kv_int8.py); opcheck;
+errors."""
 from __future__ import annotations
 
 import math
@@ -11,7 +12,7 @@ import torch
 
 from held_thread import run_with_a_held_thread
 
-from compress.ops import reference
+from compress.ops import kv_int8, reference
 
 BS = 8  # block size of the cases
 # context lengths around block boundaries: 1, BS-1, BS, BS+1, 3 BS+5
@@ -33,8 +34,8 @@ def paged_case(lens: list[int], hq: int, hkv: int, d: int, q_dtype=torch.float32
     for r, n in enumerate(need):
         tables[r, :n] = torch.tensor(order[nxt:nxt + n], dtype=torch.int32)
         nxt += n
-    k_pool = torch.randn(nb, hkv, block_size, d, generator=gen).to(kv_dtype)
-    v_pool = torch.randn(nb, hkv, block_size, d, generator=gen).to(kv_dtype)
+    k_pool = kv_int8.to_pool(torch.randn(nb, hkv, block_size, d, generator=gen), kv_dtype)
+    v_pool = kv_int8.to_pool(torch.randn(nb, hkv, block_size, d, generator=gen), kv_dtype)
     q = torch.randn(len(lens), hq, d, generator=gen).to(q_dtype)
     return q, k_pool, v_pool, tables, torch.tensor(lens, dtype=torch.int32)
 
@@ -79,7 +80,8 @@ def test_reference_row_of_length_one_is_its_value():
 
 
 KV_DTYPES = [(torch.float32, torch.float32), (torch.float32, torch.bfloat16), (torch.float32, torch.float16),
-             (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float16), (torch.bfloat16, torch.float32)]
+             (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float16), (torch.bfloat16, torch.float32),
+             (torch.float32, torch.int8), (torch.bfloat16, torch.int8)]
 
 
 @pytest.mark.parametrize("dtypes", KV_DTYPES, ids=lambda t: f"q_{str(t[0])[6:]}-kv_{str(t[1])[6:]}")
@@ -108,7 +110,7 @@ def test_native_long_context_and_one_key_rows(isa):
                                    rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.int8])
 @pytest.mark.parametrize("window", [0, 6, 40])
 def test_native_rows_that_share_their_keys(isa, kv_dtype, window):
     """A prompt chunk run as one-token rows (the same block table, lengths n, n + 1, ..)
@@ -155,7 +157,7 @@ def test_errors_name_the_problem(impl):
         op(q, k, v, tables, lens, -1)
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("heads", [(4, 2), (8, 2), (16, 1), (6, 6)], ids=lambda h: f"{h[0]}q{h[1]}kv")
 @pytest.mark.parametrize("block_size", [16, 8])
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -190,7 +192,7 @@ def test_group_kernel_matches_reference_and_is_row_invariant(kv_dtype, heads, bl
     assert torch.equal(got[:5], first)
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("heads", [(16, 8), (12, 4), (15, 5), (8, 1), (6, 6)], ids=lambda h: f"{h[0]}q{h[1]}kv")
 @pytest.mark.parametrize("block_size,head_dim", [(16, 64), (8, 128), (32, 32), (5, 48)])
 @pytest.mark.parametrize("window", [0, 7])
@@ -218,7 +220,7 @@ def test_row_kernel_runs_the_loops_operations(kv_dtype, heads, block_size, head_
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("heads", [(16, 8), (12, 4), (8, 1)], ids=lambda h: f"{h[0]}q{h[1]}kv")
 def test_few_chunk_rows_take_the_row_kernel_with_the_same_bits(kv_dtype, heads):
     """A chunk of fewer rows than ``set_paged_group_min_rows`` (a long prompt's few-token
@@ -252,7 +254,7 @@ def test_few_chunk_rows_take_the_row_kernel_with_the_same_bits(kv_dtype, heads):
         C.set_paged_group_min_rows(0)
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.int8])
 def test_a_thread_held_up_has_its_items_taken_over_with_the_same_bits(kv_dtype):
     """The (rows, kv head) items run in one contiguous part per thread; a thread done with
     its own takes the rest of another's from its end (kernel_common.h:

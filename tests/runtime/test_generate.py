@@ -122,17 +122,17 @@ def test_bad_arguments(llama_dir, llm):
         LLM(llama_dir, dtype="int3")
     with pytest.raises(ValueError, match="SamplingParams"):
         llm.generate(PROMPTS[:2], [GREEDY])
-    with pytest.raises(ValueError, match="kv_cache_dtype must be float32, bfloat16 or float16"):
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of float32, bfloat16, float16, int8"):
         LLM(llama_dir, kv_cache_dtype=torch.float64)
-    with pytest.raises(ValueError, match="unknown dtype 'int8'"):
-        LLM(llama_dir, kv_cache_dtype="int8")
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of .* got 'int4'"):
+        LLM(llama_dir, kv_cache_dtype="int4")
 
 
-@pytest.mark.parametrize("kv", ["float16", "bfloat16"])
+@pytest.mark.parametrize("kv", ["float16", "bfloat16", "int8"])
 def test_half_size_kv_cache_generation(llama_dir, llm, kv):
-    """LLM(kv_cache_dtype="float16" / "bfloat16") keeps a half-size cache; its greedy text
-    starts as the exact cache's does (the rounding of keys and values is small) and
-    batching is unchanged."""
+    """LLM(kv_cache_dtype="float16" / "bfloat16" / "int8") keeps a smaller cache; its
+    greedy text starts as the exact cache's does (the rounding of keys and values is
+    small) and batching is unchanged."""
     half = LLM(llama_dir, kv_cache_dtype=kv)
     outs = half.generate(PROMPTS[:2], GREEDY)
     assert half.engine.kv_cache.k.dtype == getattr(torch, kv) and llm.kv_cache_dtype == torch.float32

@@ -99,13 +99,15 @@ def test_any_schedule_gives_each_request_its_tokens_alone(llm, seed):
 
 @pytest.mark.skipif(not native_available("cpu"), reason="native CPU kernels not built")
 @pytest.mark.parametrize("isa", ["native", "avx2"])
-def test_int4_requests_get_their_tokens_alone(tokenizer, isa):
+@pytest.mark.parametrize("kv", [None, "int8"], ids=["kv_model", "kv_int8"])
+def test_int4_requests_get_their_tokens_alone(tokenizer, isa, kv):
     """On an int4 model (float activations, the lanes GEMMs wherever the CPU has AVX2),
     also on the AVX2 kernels of an AVX-512 machine, each request's tokens and their
     logprobs are bit for bit the ones it gets alone: a row's bits never depend on what
     shares its GEMM (the row-tiled kernels differ in the last bits, which tokens alone
     seldom show on a tiny model), nor on how its prompt was chunked (the AVX-512 attention
-    kernel for a chunk's rows runs the per-row loops' operations lane by lane)."""
+    kernel for a chunk's rows runs the per-row loops' operations lane by lane). With an
+    int8 cache too: each position is quantized alone, whatever it was written with."""
     if isa not in cpu_isas_available() and isa != "native":
         pytest.skip(f"no {isa} here")
     ckpt, _ = quantized_pair("llama", "w4a16", len(tokenizer))
@@ -131,10 +133,12 @@ def test_int4_requests_get_their_tokens_alone(tokenizer, isa):
             rng = random.Random(seed)
             reqs = [(rid, p, dataclasses.replace(sp, logprobs=0))
                     for rid, p, sp in random_requests(rng, model.vocab_size, 6)]
-            engine = engine_for(model, block_size=4, max_num_batched_tokens=rng.choice([3, 16, 64]), max_num_seqs=6)
+            engine = engine_for(model, block_size=4, max_num_batched_tokens=rng.choice([3, 16, 64]), max_num_seqs=6,
+                                kv_cache_dtype=kv)
             got = scored(engine, reqs, [rng.randrange(0, 6) for _ in reqs])
             for rid, p, sp in reqs:
-                assert got[rid] == scored(engine_for(model, enable_prefix_caching=False), [(rid, p, sp)], [0])[rid]
+                single = engine_for(model, enable_prefix_caching=False, kv_cache_dtype=kv)
+                assert got[rid] == scored(single, [(rid, p, sp)], [0])[rid]
 
 
 def test_a_tiny_pool_preempts_and_still_gives_the_same_tokens(llm):
@@ -176,11 +180,12 @@ def test_seeded_sampling_does_not_depend_on_batch_mates(llm):
     assert len({tuple(t) for t in want.values()}) > 1
 
 
-def test_prefix_cache_hits_skip_compute_and_give_the_same_logprobs(llm):
+@pytest.mark.parametrize("kv", [None, "int8"], ids=["kv_model", "kv_int8"])
+def test_prefix_cache_hits_skip_compute_and_give_the_same_logprobs(llm, kv):
     model = llm.model
     prompt = list(range(10, 51))            # 41 tokens: 10 full blocks of 4 before the last token
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=3)
-    engine = engine_for(model, block_size=4)
+    engine = engine_for(model, block_size=4, kv_cache_dtype=kv)
     first = run(engine, [("a", prompt, params)], [0])
     prefilled = engine.stats()["tokens_prefilled"]
     engine.add_request("b", prompt, params)
@@ -192,7 +197,7 @@ def test_prefix_cache_hits_skip_compute_and_give_the_same_logprobs(llm):
     assert second.token_ids == first["a"]
     assert stats["prefix_cache_hits"] == 40 and stats["tokens_prefilled"] - prefilled == 1
     assert second.metrics["cached_tokens"] == 40
-    miss = engine_for(model, block_size=4, enable_prefix_caching=False)
+    miss = engine_for(model, block_size=4, enable_prefix_caching=False, kv_cache_dtype=kv)
     miss.add_request("c", prompt, params)
     want = []
     while miss.has_unfinished():

@@ -3,7 +3,7 @@ call per step on the paged KV cache) against the same step run module by module 
 reference paged attention: same logits and same cache contents at every step, for every
 linear scheme the plan takes, with q/k/v biases (qwen2), sliding windows (mistral, and
 layers with different windows), rows at different positions in one batch, block tables in
-shuffled order, bf16 activations and fp16 / bf16 pools; against transformers on the whole
+shuffled order, bf16 activations, fp16 / bf16 pools and int8 pools; against transformers on the whole
 token history; greedy tokens; when no plan is built; errors."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from compress.io.schemes import QuantizedWeight
-from compress.ops import native_available, reference
+from compress.ops import kv_int8, native_available, reference
 from compress.runtime.loading import RuntimeCheckpoint
 from compress.runtime.models.llama import build_model
 from compress.runtime.native_decode import build_native_decode
@@ -51,7 +51,7 @@ class PagedCache:
     def __init__(self, model, rows: int, max_len: int, dtype, seed: int = 0):
         self.per_row = -(-max_len // BLOCK)
         n_blocks = rows * self.per_row + 2
-        shape = (len(model.layers), n_blocks, model.n_kv_heads, BLOCK, model.head_dim)
+        shape = (len(model.layers), n_blocks, model.n_kv_heads, BLOCK, kv_int8.row_elems(model.head_dim, dtype))
         self.k, self.v = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
         self.free = list(range(n_blocks))
         random.Random(seed).shuffle(self.free)
@@ -88,8 +88,8 @@ def module_step(model, ids: list[int], positions: list[int], k_pool, v_pool, tab
         for i, layer in enumerate(model.layers):
             qkv = layer.attn.qkv_proj(layer.attn_norm(x)).view(b, nq + 2 * nkv, d)
             qk = reference.apply_rope(qkv[:, :nq + nkv], cos, sin)
-            k_pool[i][blk, :, off] = qk[:, nq:].to(k_pool.dtype)
-            v_pool[i][blk, :, off] = qkv[:, nq + nkv:].to(v_pool.dtype)
+            k_pool[i][blk, :, off] = kv_int8.to_pool(qk[:, nq:], k_pool.dtype)
+            v_pool[i][blk, :, off] = kv_int8.to_pool(qkv[:, nq + nkv:], v_pool.dtype)
             a = torch.ops.compress.paged_decode_attention(qk[:, :nq], k_pool[i], v_pool[i], tables, lens,
                                                           layer.window or 0)
             h, x = layer.mlp_norm.add_forward(layer.attn.o_proj(a.reshape(b, nq * d)), x)
@@ -189,6 +189,24 @@ def test_half_size_pools(tokenizer, kv_dtype):
     for (_, _, got, want), (_, _, e, _) in zip(half, exact):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
         assert 0 < (got - e).abs().max() < 0.05 * e.abs().max()
+
+
+def test_int8_pools(tokenizer):
+    """An int8 pool (a scale a row) under fp32 activations: layer 0's rows are the same
+    bits on both paths (the C++ store quantizes as kv_int8.quantize_rows does); later
+    layers' inputs differ in the last bits, so a value may sit one step of its row's scale
+    apart; the logits stay close to the exact cache's."""
+    model = build_model(checkpoint("llama", "w4a16", len(tokenizer))[0])
+    exact = run_steps(model, 9)[0]
+    steps, cache, ref_cache = run_steps(model, 9, torch.int8)
+    assert cache.k.dtype == torch.int8 and cache.k.shape[-1] == model.head_dim + kv_int8.SCALE_BYTES
+    assert torch.equal(cache.k[0], ref_cache.k[0]) and torch.equal(cache.v[0], ref_cache.v[0])
+    for pool, ref_pool in ((cache.k, ref_cache.k), (cache.v, ref_cache.v)):
+        step = kv_int8.row_scales(ref_pool).unsqueeze(-1)
+        assert ((kv_int8.dequantize_rows(pool) - kv_int8.dequantize_rows(ref_pool)).abs() <= step * 1.001).all()
+    for (_, _, got, want), (_, _, e, _) in zip(steps, exact):
+        torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
+        assert 0 < (got - e).abs().max() < 0.1 * e.abs().max()
 
 
 def test_no_native_decode_where_the_plan_cannot_run(tokenizer):

@@ -21,6 +21,7 @@ import torch
 
 import compress.ops  # noqa: F401  (registers the ops, loads compress._C)
 import compress._C as C
+from compress.ops import kv_int8
 from compress.runtime.hugepages import huge_page_zeros
 
 HQ, HKV, D, BS = 16, 8, 64, 16
@@ -31,9 +32,11 @@ def pools(layers, blocks, dtype):
     for i in range(layers):
         pair = []
         for j in range(2):
-            t = huge_page_zeros((blocks, HKV, BS, D), dtype)
-            t = torch.zeros(blocks, HKV, BS, D, dtype=dtype) if t is None else t
-            t.copy_(torch.randn(t.shape, generator=torch.Generator().manual_seed(2 * i + j)).to(dtype))
+            shape = (blocks, HKV, BS, kv_int8.row_elems(D, dtype))
+            t = huge_page_zeros(shape, dtype)
+            t = torch.zeros(shape, dtype=dtype) if t is None else t
+            x = torch.randn((blocks, HKV, BS, D), generator=torch.Generator().manual_seed(2 * i + j))
+            t.copy_(kv_int8.to_pool(x, dtype))
             pair.append(t)
         out.append(pair)
     return out
@@ -62,7 +65,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[16])
     ap.add_argument("--keys", type=int, default=250)
     ap.add_argument("--layers", type=int, default=24)
-    ap.add_argument("--kv-dtype", nargs="+", default=["float16"], choices=["float16", "bfloat16", "float32"])
+    ap.add_argument("--kv-dtype", nargs="+", default=["float16"], choices=["float16", "bfloat16", "float32", "int8"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=15)
     args = ap.parse_args()
