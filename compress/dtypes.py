@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# the runtime's KV cache element types by name (int8: a scale a row, compress/ops/kv_int8.py)
+KV_CACHE_DTYPES: dict[str, torch.dtype] = {**DTYPES, "int8": torch.int8}
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:

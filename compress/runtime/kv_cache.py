@@ -19,12 +19,10 @@ import os
 
 import torch
 
+from compress.dtypes import KV_CACHE_DTYPES
 from compress.ops import kv_int8
 from compress.runtime.hugepages import huge_page_zeros
 
-# the cache's element types by the name flags and arguments give; int8: a scale a row
-KV_CACHE_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16,
-                                           "float16": torch.float16, "int8": torch.int8}
 # the default pool's cap, as a share of the machine's memory (CPU) or of the device's
 # free memory (CUDA): a cache for every row at full length can be far larger
 DEFAULT_MEMORY_SHARE = 0.5
