@@ -168,6 +168,8 @@ def _cmd_methods(_args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from compress.dtypes import KV_CACHE_DTYPES   # torch, as the subcommands' parsers import it
+
     p = argparse.ArgumentParser(prog="compress", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -217,9 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="where the model runs (cuda: CUDA kernels and decode graphs; wants --dtype float16 or bfloat16)")
-    g.add_argument("--kv-cache-dtype", default=None, choices=["float16", "int8"],
-                   help="store keys and values in float16 (half the cache bytes) or int8 with a scale a row (CPU; "
-                        "a quarter of float32's); default: --dtype, exact")
+    g.add_argument("--kv-cache-dtype", default=None, choices=list(KV_CACHE_DTYPES),
+                   help="the KV cache's element type: float16 / bfloat16 halve its bytes, int8 (CPU) with a scale a "
+                        "row quarters float32's; default: --dtype, exact")
     g.add_argument("--kernels", choices=["native", "reference"], default="native")
     g.add_argument("--w4-activations", choices=W4_ACTIVATIONS, default=DEFAULT_W4_ACTIVATIONS,
                    help="activations of int4 (w4a16) layers: float, the scheme's numbers (default), or int8 per block "

@@ -9,6 +9,7 @@ import os
 import time
 from pathlib import Path
 
+from compress.dtypes import KV_CACHE_DTYPES
 from compress.w4_activations import DEFAULT_W4_ACTIVATIONS, W4_ACTIVATIONS
 
 EMBEDDED_MODEL = Path(__file__).resolve().parents[2] / "models" / "pydoc-llama"
@@ -69,7 +70,7 @@ def add_serve_parser(sub) -> None:
     r.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", default=None,
                    help="on a GPU, launch every decode step's kernels instead of replaying CUDA graphs")
     r.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-    r.add_argument("--kv-cache-dtype", default=None, choices=["float16", "bfloat16", "float32", "int8"],
+    r.add_argument("--kv-cache-dtype", default=None, choices=list(KV_CACHE_DTYPES),
                    help="K / V cache element type (default: --dtype); int8: a scale a row, CPU only")
     r.add_argument("--kernels", default=None, choices=["native", "reference"])
     r.add_argument("--w4-activations", default=None, choices=W4_ACTIVATIONS,

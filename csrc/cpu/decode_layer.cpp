@@ -150,7 +150,7 @@ void rope_and_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tens
   const int64_t vs0 = v_pool.stride(0), vs1 = v_pool.stride(1), vs2 = v_pool.stride(2);
   // rows write distinct slots (one position each): a prompt chunk's rows in parallel
   at::parallel_for(0, B, 8, [&](int64_t b0, int64_t b1) {
-  std::vector<float> row;   // an int8 pool's k / v row in fp32, before kv_int8_quantize
+  thread_local std::vector<float> row;   // an int8 pool's k / v row in fp32, before kv_int8_quantize
   if constexpr (std::is_same_v<TC, int8_t>) row.resize(D);
   for (int64_t b = b0; b < b1; ++b) {
     const T* c = cos_base + b * cos.stride(0);

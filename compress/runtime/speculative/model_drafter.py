@@ -16,7 +16,7 @@ from array import array
 import torch
 
 from compress.runtime.block_manager import BlockManager
-from compress.runtime.kv_cache import PagedKVCache, resolve_kv_cache_dtype
+from compress.runtime.kv_cache import PagedKVCache
 from compress.runtime.model_runner import ModelRunner
 from compress.runtime.sequence import Sequence
 from compress.runtime.speculative.proposal import Proposal
@@ -47,7 +47,7 @@ class ModelDrafter:
         from compress.runtime.llm_engine import _native_decode
 
         self.model = model
-        kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, model.dtype, model.device)
+        kv_dtype = kv_cache_dtype or model.dtype   # PagedKVCache checks it (names too)
         num_blocks = max(1, -(-int(num_tokens) // block_size))
         self.kv_cache = PagedKVCache(len(model.layers), num_blocks, model.n_kv_heads, block_size, model.head_dim,
                                      kv_dtype, model.device)
