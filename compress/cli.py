@@ -220,8 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="where the model runs (cuda: CUDA kernels and decode graphs; wants --dtype float16 or bfloat16)")
     g.add_argument("--kv-cache-dtype", default=None, choices=list(KV_CACHE_DTYPES),
-                   help="the KV cache's element type: float16 / bfloat16 halve its bytes, int8 (CPU) with a scale a "
-                        "row quarters float32's; default: --dtype, exact")
+                   help="the KV cache's element type: float16 / bfloat16 halve its bytes, int8 with a scale a row "
+                        "quarters float32's; default: --dtype, exact")
     g.add_argument("--kernels", choices=["native", "reference"], default="native")
     g.add_argument("--w4-activations", choices=W4_ACTIVATIONS, default=DEFAULT_W4_ACTIVATIONS,
                    help="activations of int4 (w4a16) layers: float, the scheme's numbers (default), or int8 per block "

@@ -128,7 +128,7 @@ class LLM:
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise UserError(f"device={str(device)!r}: torch {torch.__version__} sees no CUDA device")
         self.kernels = kernels
-        kv = resolve_kv_cache_dtype(kv_cache_dtype, self.dtype, self.device)
+        kv = resolve_kv_cache_dtype(kv_cache_dtype, self.dtype)
         self.model = build_model(ckpt, self.dtype, self.device, kernels, max_seq_len, w4_activations=w4_activations)
         # what the int4 layers run with (reports record it); None: the model has none
         has_int4 = any(isinstance(m, Int4Linear) for m in self.model.modules())

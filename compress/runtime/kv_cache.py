@@ -33,10 +33,9 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
     return torch.zeros(shape, dtype=dtype, device=device) if t is None else t
 
 
-def resolve_kv_cache_dtype(dtype, model_dtype: torch.dtype, device="cpu") -> torch.dtype:
+def resolve_kv_cache_dtype(dtype, model_dtype: torch.dtype) -> torch.dtype:
     """The cache's element type for ``dtype`` (a name of ``KV_CACHE_DTYPES``, a torch
-    dtype, or None: ``model_dtype``); a ValueError naming the choices otherwise. int8
-    is CPU-only: the CUDA paged attention kernel reads float pools."""
+    dtype, or None: ``model_dtype``); a ValueError naming the choices otherwise."""
     if dtype is None:
         kv = model_dtype
     elif isinstance(dtype, torch.dtype):
@@ -46,9 +45,6 @@ def resolve_kv_cache_dtype(dtype, model_dtype: torch.dtype, device="cpu") -> tor
     if kv not in KV_CACHE_DTYPES.values():
         raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)} (or None: the model dtype), "
                          f"got {dtype!r}")
-    if kv == torch.int8 and torch.device(device).type != "cpu":
-        raise ValueError(f"kv_cache_dtype int8 runs on CPU only (the CUDA paged attention kernel reads float "
-                         f"pools); device is {device}")
     return kv
 
 
@@ -77,7 +73,7 @@ def default_num_blocks(max_num_seqs: int, max_seq_len: int, block_size: int, tok
 class PagedKVCache:
     def __init__(self, n_layers: int, num_blocks: int, n_kv_heads: int, block_size: int, head_dim: int,
                  dtype: torch.dtype, device="cpu"):
-        dtype = resolve_kv_cache_dtype(dtype, dtype, device)
+        dtype = resolve_kv_cache_dtype(dtype, dtype)
         shape = (n_layers, num_blocks, n_kv_heads, block_size, kv_int8.row_elems(head_dim, dtype))
         self.k = _zeros(shape, dtype, device)
         self.v = _zeros(shape, dtype, device)

@@ -33,10 +33,13 @@ INT8_LANES = True
 
 
 def int4_lanes_wanted(activations: str = DEFAULT_W4_ACTIVATIONS) -> bool:
-    """Whether this CPU runs int4 layers with these activations on the lanes layout."""
-    if not (INT4_LANES and native_available("cpu")) or cpu_isa() not in ("avx512_vnni", "avx2"):
+    """Whether this CPU runs int4 layers with these activations on the lanes layout: not
+    int8 activations where the AMX tiles run them (AVX-512 active, AMX-BF16 present), which
+    read the row-tiled layout."""
+    isa = cpu_isa()
+    if not (INT4_LANES and native_available("cpu")) or isa not in ("avx512_vnni", "avx2"):
         return False
-    return activations != "int8" or not w4a16_amx_available()
+    return activations != "int8" or isa != "avx512_vnni" or not w4a16_amx_available()
 
 
 def int8_lanes_wanted(k: int) -> bool:

@@ -65,7 +65,7 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.eos_token_ids = set(eos_token_ids)
         self.bos_token_id = bos_token_id
-        kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, model.dtype, model.device)
+        kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, model.dtype)
         n_layers = len(model.layers)
         if kv_cache_tokens is None:
             num_blocks = default_num_blocks(max_num_seqs, model.max_seq_len, block_size,

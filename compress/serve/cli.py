@@ -71,7 +71,7 @@ def add_serve_parser(sub) -> None:
                    help="on a GPU, launch every decode step's kernels instead of replaying CUDA graphs")
     r.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     r.add_argument("--kv-cache-dtype", default=None, choices=list(KV_CACHE_DTYPES),
-                   help="K / V cache element type (default: --dtype); int8: a scale a row, CPU only")
+                   help="K / V cache element type (default: --dtype); int8: a scale a row")
     r.add_argument("--kernels", default=None, choices=["native", "reference"])
     r.add_argument("--w4-activations", default=None, choices=W4_ACTIVATIONS,
                    help=f"activations of int4 layers (default {DEFAULT_W4_ACTIVATIONS})")

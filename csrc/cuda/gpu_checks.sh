@@ -13,9 +13,11 @@
 #      TinyLlama's widths (16 layers) made here, int4 RTN;
 #   serve: compress serve --device cuda under compress bench serve (continuous batching
 #      against one sequence at a time; needs fastapi and uvicorn);
+#   attention: the paged decode attention kernel per K / V element type against the
+#      bandwidth roofline (csrc/cuda/lab/paged_attention_kv.py);
 #   6. cpubench: times the CPU kernels at 2 threads on this CPU;
 #   asan: the CPU op tests against an AddressSanitizer build of compress._C.
-# Logs go to $LOG_DIR (default ./gpu-logs). Usage: csrc/cuda/gpu_checks.sh [info|build|cudaops|test|cpu|asan|bench|runtime|serve|cpubench ...]
+# Logs go to $LOG_DIR (default ./gpu-logs). Usage: csrc/cuda/gpu_checks.sh [info|build|cudaops|test|cpu|asan|bench|attention|runtime|serve|cpubench ...]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 LOG_DIR=$(mkdir -p "${LOG_DIR:-gpu-logs}" && cd "${LOG_DIR:-gpu-logs}" && pwd)
@@ -101,6 +103,12 @@ for step in "${steps[@]}"; do
     bench)
       assert_cuda_ops || exit 1
       $PY -m compress.cli bench cuda --json "$LOG_DIR/bench_cuda.json" 2>&1 | tee "$LOG_DIR/bench_cuda.log" | tail -60
+      ;;
+    attention)
+      assert_cuda_ops || exit 1
+      PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} $PY csrc/cuda/lab/paged_attention_kv.py --kv-dtype float16 int8 float32 \
+        2>&1 | tee "$LOG_DIR/paged_attention_kv.log"
+      [ ${PIPESTATUS[0]} -ne 0 ] && status=1
       ;;
     runtime|serve)
       assert_cuda_ops || exit 1

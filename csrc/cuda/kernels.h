@@ -10,7 +10,8 @@
 
 namespace cpk {
 
-enum class DType : int { kF16 = 0, kBF16 = 1, kF32 = 2 };
+// kI8: paged attention's int8 K / V pools only (rows of head_dim values + an fp32 scale)
+enum class DType : int { kF16 = 0, kBF16 = 1, kF32 = 2, kI8 = 3 };
 
 // ---- W4A16 -----------------------------------------------------------------
 // Canonical int4 -> shuffled fragment order (see int4_layout.cuh);
@@ -64,7 +65,7 @@ cudaError_t launch_w8a8_gemm(DType out_dtype, const W8A8Args& args, cudaStream_t
 // ---- paged decode attention (paged_attention.cu) -----------------------------
 struct PagedAttnArgs {
   const void* q;                 // [rows, n_heads, head_dim], contiguous
-  const void* k_pool;            // [num_blocks, n_kv_heads, block_size, head_dim], last dim contiguous
+  const void* k_pool;            // [num_blocks, n_kv_heads, block_size, head_dim (+ 4 for int8)], last dim contiguous
   const void* v_pool;            // the same sizes and dtype as k_pool
   long long k_stride[3];         // k_pool's strides of block, head, slot (elements)
   long long v_stride[3];
@@ -74,7 +75,8 @@ struct PagedAttnArgs {
   int rows, n_heads, n_kv_heads, head_dim, num_blocks, block_size, table_cols, window;
   float scale;                   // 1 / sqrt(head_dim)
 };
-// q_dtype: q's and out's; kv_dtype: the pools'. head_dim <= 256, n_heads <= 65535,
+// q_dtype: q's and out's (a float type); kv_dtype: the pools' (a float type, or kI8: each
+// row head_dim int8 values then its fp32 scale, paged_attention.cuh). head_dim <= 256, n_heads <= 65535,
 // table_cols * block_size < 2^31 (op_checks.h). Table entries outside 0..num_blocks-1 and
 // context lengths outside 0..table_cols * block_size read no memory outside the pools
 // (out of contract: the key is left out; a row with no key gets zeros).

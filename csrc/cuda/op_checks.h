@@ -202,7 +202,7 @@ inline std::string check_w8a8(const TensorDesc& x, const TensorDesc& qweight, co
 }
 
 // Paged decode attention: q [B, Hq, D] float; k_pool, v_pool [NB, Hkv, BS, D] of one float
-// dtype; block_tables int32 [B, M]; context_lens int32 [B]; window >= 0. The values of the
+// dtype, or int8 [NB, Hkv, BS, D + 4] (each row's values, then its fp32 scale); block_tables int32 [B, M]; context_lens int32 [B]; window >= 0. The values of the
 // tables and lengths live on the GPU and are not checked here (the kernel reads nothing
 // outside the pools for any of them, paged_attention.cuh).
 inline std::string check_paged_decode_attention(const TensorDesc& q, const TensorDesc& k_pool, const TensorDesc& v_pool,
@@ -217,10 +217,15 @@ inline std::string check_paged_decode_attention(const TensorDesc& q, const Tenso
     return e;
   const int64_t b = q.size0, hq = q.size1, d = q.size2;
   for (const TensorDesc* p : {&k_pool, &v_pool}) {
-    if (p->dim != 4 || p->size3 != d || p->size1 < 1 || p->size2 < 1)
-      return std::string(p->name) + " must be 4-D [num_blocks, n_kv_heads, block_size, head_dim = " +
-             std::to_string(d) + "], got " + shape_name(*p);
-    if (std::string e = need_kind(*p, is_float_kind(p->kind), "float16, bfloat16 or float32"); !e.empty()) return e;
+    if (std::string e = need_kind(*p, is_float_kind(p->kind) || p->kind == Kind::kI8,
+                                  "float16, bfloat16, float32 or int8 (rows with their scales)");
+        !e.empty())
+      return e;
+    const bool int8_rows = p->kind == Kind::kI8;  // head_dim values, then the fp32 scale's 4 bytes
+    const int64_t row = int8_rows ? d + 4 : d;
+    if (p->dim != 4 || p->size3 != row || p->size1 < 1 || p->size2 < 1)
+      return std::string(p->name) + " must be 4-D [num_blocks, n_kv_heads, block_size, " +
+             (int8_rows ? "head_dim + 4 = " : "head_dim = ") + std::to_string(row) + "], got " + shape_name(*p);
   }
   if (v_pool.size0 != k_pool.size0 || v_pool.size1 != k_pool.size1 || v_pool.size2 != k_pool.size2 ||
       v_pool.kind != k_pool.kind)

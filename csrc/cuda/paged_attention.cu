@@ -3,11 +3,16 @@
 // and combine in paged_attention.cuh (shared with the host harness).
 //
 // grid (rows, query heads), block kPagedWarps warps. Warp w walks the row's positions
-// first + w, first + w + kPagedWarps, ...; per key the lanes load their head-dim elements
-// of the K and V rows together (both loads in flight before the dot's warp reduction),
-// fold the key into the warp's online softmax (fp32, base 2) and rescale-accumulate V.
+// first + w, first + w + kPagedWarps, ...; U of them a pass: the lanes load their head-dim
+// elements of U keys' K and V rows (all in flight before the first dot's warp reduction:
+// a decode step is bound by the loads' latency, not by HBM's bandwidth), then fold the
+// keys in position order into the warp's online softmax (fp32, base 2) and
+// rescale-accumulate V.
 // The warps' (max, sum, V sums) meet in shared memory and the block writes the row's
-// output in q's dtype. q / out: float16, bfloat16 or float32; pools: any of the three.
+// output in q's dtype. q / out: float16, bfloat16 or float32; pools: any of the three, or
+// int8 rows with their scales (each element float(q) * scale, paged_attention.cuh).
+#include <type_traits>
+
 #include "cpk_device.cuh"
 #include "kernels.h"
 #include "paged_attention.cuh"
@@ -15,13 +20,29 @@
 namespace cpk {
 namespace {
 
+// A pool element as fp32: the float types as they are, int8 as float(q) * the row's scale.
+template <typename TKV>
+CPK_D float kv_value(TKV v, float scale) {
+  if constexpr (std::is_same_v<TKV, int8_t>) return static_cast<float>(v) * scale;
+  else return Num<TKV>::to_float(v);
+}
+
+template <typename TKV>
+CPK_D float kv_scale(const TKV* row, int D) {
+  if constexpr (std::is_same_v<TKV, int8_t>) return paged_int8_row_scale(row, D);
+  else return 1.f;
+}
+
 CPK_D float warp_sum(float v) {
   CPK_UNROLL for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 
-template <typename TQ, typename TKV>
+// C = head-dim chunks of 32 a lane holds (compile time, so the registers are those of the
+// head_dim the launch has), U = keys a warp has in flight (paged_keys_in_flight).
+template <typename TQ, typename TKV, int C>
 __global__ void __launch_bounds__(32 * kPagedWarps) paged_decode_attention_kernel(const PagedAttnArgs a) {
+  constexpr int U = paged_keys_in_flight(C);
   const int row = blockIdx.x, h = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int D = a.head_dim, hk = h / (a.n_heads / a.n_kv_heads);
@@ -31,8 +52,8 @@ __global__ void __launch_bounds__(32 * kPagedWarps) paged_decode_attention_kerne
   const TKV* vp = static_cast<const TKV*>(a.v_pool);
   const float qscale = a.scale * kLog2e;
 
-  float qr[kPagedMaxChunks], acc[kPagedMaxChunks];
-  CPK_UNROLL for (int i = 0; i < kPagedMaxChunks; ++i) {
+  float qr[C], acc[C];
+  CPK_UNROLL for (int i = 0; i < C; ++i) {
     const int d = lane + 32 * i;
     qr[i] = d < D ? Num<TQ>::to_float(q[d]) * qscale : 0.f;
     acc[i] = 0.f;
@@ -41,29 +62,42 @@ __global__ void __launch_bounds__(32 * kPagedWarps) paged_decode_attention_kerne
   const int32_t* table = a.block_tables + static_cast<long long>(row) * a.table_cols;
   OnlineSoftmax sm;
   sm.init();
-  for (int pos = span.first + warp; pos < span.end; pos += kPagedWarps) {
-    const long long ko = paged_row_offset(table, pos, a.block_size, a.num_blocks, hk, a.k_stride[0], a.k_stride[1],
-                                          a.k_stride[2]);
-    if (ko < 0) continue;  // the same for every lane of the warp
-    const long long vo = paged_row_offset(table, pos, a.block_size, a.num_blocks, hk, a.v_stride[0], a.v_stride[1],
-                                          a.v_stride[2]);
-    float kr[kPagedMaxChunks], vr[kPagedMaxChunks];
-    CPK_UNROLL for (int i = 0; i < kPagedMaxChunks; ++i) {
-      const int d = lane + 32 * i;
-      kr[i] = d < D ? Num<TKV>::to_float(kp[ko + d]) : 0.f;
-      vr[i] = d < D ? Num<TKV>::to_float(vp[vo + d]) : 0.f;
+  // Each pass loads U keys' K and V rows (all in flight, a key's latency paid once per
+  // pass), then folds them into the softmax in position order.
+  for (int pos0 = span.first + warp; pos0 < span.end; pos0 += kPagedWarps * U) {
+    float kr[U][C], vr[U][C];
+    bool ok[U];
+    CPK_UNROLL for (int u = 0; u < U; ++u) {
+      const int pos = pos0 + u * kPagedWarps;
+      long long ko = -1, vo = -1;
+      if (pos < span.end) {
+        ko = paged_row_offset(table, pos, a.block_size, a.num_blocks, hk, a.k_stride[0], a.k_stride[1],
+                              a.k_stride[2]);
+        vo = paged_row_offset(table, pos, a.block_size, a.num_blocks, hk, a.v_stride[0], a.v_stride[1],
+                              a.v_stride[2]);
+      }
+      ok[u] = ko >= 0;  // the same for every lane of the warp
+      const float ks = ok[u] ? kv_scale(kp + ko, D) : 0.f, vs = ok[u] ? kv_scale(vp + vo, D) : 0.f;
+      CPK_UNROLL for (int i = 0; i < C; ++i) {
+        const int d = lane + 32 * i;
+        kr[u][i] = ok[u] && d < D ? kv_value(kp[ko + d], ks) : 0.f;
+        vr[u][i] = ok[u] && d < D ? kv_value(vp[vo + d], vs) : 0.f;
+      }
     }
-    float part = 0.f;
-    CPK_UNROLL for (int i = 0; i < kPagedMaxChunks; ++i) part = fmaf(qr[i], kr[i], part);
-    float rescale, weight;
-    sm.add(warp_sum(part), &rescale, &weight);
-    CPK_UNROLL for (int i = 0; i < kPagedMaxChunks; ++i) acc[i] = fmaf(weight, vr[i], acc[i] * rescale);
+    CPK_UNROLL for (int u = 0; u < U; ++u) {
+      if (!ok[u]) continue;  // past the span, or a block outside the pool: left out
+      float part = 0.f;
+      CPK_UNROLL for (int i = 0; i < C; ++i) part = fmaf(qr[i], kr[u][i], part);
+      float rescale, weight;
+      sm.add(warp_sum(part), &rescale, &weight);
+      CPK_UNROLL for (int i = 0; i < C; ++i) acc[i] = fmaf(weight, vr[u][i], acc[i] * rescale);
+    }
   }
 
   __shared__ float s_m[kPagedWarps], s_l[kPagedWarps];
-  __shared__ float s_acc[kPagedWarps][kPagedMaxHeadDim];
+  __shared__ float s_acc[kPagedWarps][32 * C];
   if (lane == 0) s_m[warp] = sm.m, s_l[warp] = sm.l;
-  CPK_UNROLL for (int i = 0; i < kPagedMaxChunks; ++i) {
+  CPK_UNROLL for (int i = 0; i < C; ++i) {
     const int d = lane + 32 * i;
     if (d < D) s_acc[warp][d] = acc[i];
   }
@@ -86,7 +120,10 @@ __global__ void __launch_bounds__(32 * kPagedWarps) paged_decode_attention_kerne
 template <typename TQ, typename TKV>
 cudaError_t launch_typed(const PagedAttnArgs& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(a.n_heads));
-  paged_decode_attention_kernel<TQ, TKV><<<grid, 32 * kPagedWarps, 0, stream>>>(a);
+  const int chunks = (a.head_dim + 31) / 32;
+  if (chunks <= 2) paged_decode_attention_kernel<TQ, TKV, 2><<<grid, 32 * kPagedWarps, 0, stream>>>(a);
+  else if (chunks <= 4) paged_decode_attention_kernel<TQ, TKV, 4><<<grid, 32 * kPagedWarps, 0, stream>>>(a);
+  else paged_decode_attention_kernel<TQ, TKV, kPagedMaxChunks><<<grid, 32 * kPagedWarps, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -96,6 +133,7 @@ cudaError_t launch_kv(DType kv_dtype, const PagedAttnArgs& a, cudaStream_t strea
     case DType::kF16: return launch_typed<TQ, __half>(a, stream);
     case DType::kBF16: return launch_typed<TQ, __nv_bfloat16>(a, stream);
     case DType::kF32: return launch_typed<TQ, float>(a, stream);
+    case DType::kI8: return launch_typed<TQ, int8_t>(a, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -113,6 +151,7 @@ cudaError_t launch_paged_decode_attention(DType q_dtype, DType kv_dtype, const P
     case DType::kF16: return launch_kv<__half>(kv_dtype, a, stream);
     case DType::kBF16: return launch_kv<__nv_bfloat16>(kv_dtype, a, stream);
     case DType::kF32: return launch_kv<float>(kv_dtype, a, stream);
+    case DType::kI8: break;  // int8 is a pool type, not q's
   }
   return cudaErrorInvalidValue;
 }

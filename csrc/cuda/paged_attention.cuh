@@ -5,10 +5,14 @@
 //
 // One thread block per (row, query head), kPagedWarps warps: warp w takes the row's keys
 // first + w, first + w + kPagedWarps, ... (so consecutive keys of a block are read by
-// different warps at the same time); lane l holds head-dim elements l, l + 32, ... (up to
-// kPagedMaxChunks of them). Each warp keeps an online softmax (running max m, sum l, and
+// different warps at the same time), loading several before it reduces the first; lane l
+// holds head-dim elements l, l + 32, ... (up to kPagedMaxChunks of them). Each warp keeps an online softmax (running max m, sum l, and
 // the weighted value sum) over its keys; the block then combines the warps' partials.
 // Scores are kept in base 2 (q pre-scaled by log2(e) / sqrt(D)), so each update is exp2.
+//
+// int8 pools (kv_cache_dtype int8, compress/ops/kv_int8.py): a row is head_dim int8
+// values, then its fp32 scale in the next 4 bytes (pool [NB, Hkv, BS, D + 4]); an element
+// reads back as float(q) * scale, the CPU kernels' bits (csrc/cpu/kv_int8.h).
 #pragma once
 
 #include <cstdint>
@@ -17,8 +21,12 @@
 
 namespace cpk {
 
-constexpr int kPagedWarps = 4;
+constexpr int kPagedWarps = 8;
 constexpr int kPagedMaxChunks = 8;  // head_dim <= 32 * 8
+// Keys a warp loads before it reduces the first (the kernel's U): 16 row chunks in flight
+// a lane whatever head_dim is (head_dim <= 64: 8 keys; <= 128: 4; <= 256: 2). The keys are
+// still folded in position order, so U does not move a bit.
+constexpr int paged_keys_in_flight(int chunks) { return chunks <= 2 ? 8 : chunks <= 4 ? 4 : 2; }
 constexpr int kPagedMaxHeadDim = 32 * kPagedMaxChunks;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -67,6 +75,22 @@ struct OnlineSoftmax {
     m = m_new;
   }
 };
+
+// The fp32 scale that follows an int8 row's D values: its 4 bytes little-endian, read a
+// byte at a time because a row of odd D + 4 bytes leaves it unaligned.
+CPK_HD float paged_int8_row_scale(const int8_t* row, int D) {
+  const uint32_t bits = static_cast<uint32_t>(static_cast<uint8_t>(row[D])) |
+                        static_cast<uint32_t>(static_cast<uint8_t>(row[D + 1])) << 8 |
+                        static_cast<uint32_t>(static_cast<uint8_t>(row[D + 2])) << 16 |
+                        static_cast<uint32_t>(static_cast<uint8_t>(row[D + 3])) << 24;
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
+  float s;
+  __builtin_memcpy(&s, &bits, sizeof(s));
+  return s;
+#endif
+}
 
 // Combine of the warps' partials: the largest max, and each warp's factor 2^(m_w - M)
 // (0 for a warp that saw no key); out[d] = sum_w f_w acc_w[d] / sum_w f_w l_w.

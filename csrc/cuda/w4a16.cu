@@ -218,6 +218,7 @@ cudaError_t launch_w4a16_dequant(DType dtype, const int32_t* qweight, const void
       w4a16_dequant_kernel<float><<<blocks, 256, 0, stream>>>(qweight, static_cast<const float*>(scales), zeros, n,
                                                               k, group_size, static_cast<float*>(out));
       break;
+    case DType::kI8: return cudaErrorInvalidValue;  // a K / V pool type only
   }
   return cudaGetLastError();
 }

@@ -228,6 +228,7 @@ cudaError_t launch_quantize_rows(DType dtype, const void* x, int m, int k, int l
       return launch_quant_typed<__nv_bfloat16>(x, m, k, ldq, outlier_idx, c, q, scale, x_outliers, stream);
     case DType::kF32:
       return launch_quant_typed<float>(x, m, k, ldq, outlier_idx, c, q, scale, x_outliers, stream);
+    case DType::kI8: break;  // a K / V pool type only
   }
   return cudaErrorInvalidValue;
 }
@@ -248,6 +249,7 @@ cudaError_t launch_w8a8_gemm(DType out_dtype, const W8A8Args& args, cudaStream_t
       return launch_w8a8_typed<__nv_bfloat16>(args, stream);
     case DType::kF32:
       return launch_w8a8_typed<float>(args, stream);
+    case DType::kI8: break;  // a K / V pool type only
   }
   return cudaErrorInvalidValue;
 }

@@ -17,7 +17,7 @@ import ctypes
 import pytest
 import torch
 
-from compress.ops import reference as ref
+from compress.ops import kv_int8, reference as ref
 from cuda_harness import load_harness, ptr as _p
 
 
@@ -392,9 +392,11 @@ def _paged_case(lens, hq, hkv, d, block_size, seed=5):
 
 
 def _paged_emulated(lib, q, k, v, tables, lens, window):
+    """The emulated kernel over float32 pools, or int8 pools of rows ``[D + 4]``."""
     out = torch.full(q.shape, float("nan"))
-    lib.cpk_paged_attention_emulated(_p(q), _p(k), _p(v), _p(tables), _p(lens), q.shape[0], q.shape[1], k.shape[1],
-                                     q.shape[2], k.shape[0], k.shape[2], tables.shape[1], window, _p(out))
+    fn = lib.cpk_paged_attention_emulated_int8 if k.dtype == torch.int8 else lib.cpk_paged_attention_emulated
+    fn(_p(q), _p(k), _p(v), _p(tables), _p(lens), q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[0],
+       k.shape[2], tables.shape[1], window, _p(out))
     return out
 
 
@@ -428,3 +430,29 @@ def test_paged_attention_kernel_out_of_contract_reads_nothing_outside(lib):
     want0 = torch.softmax(torch.einsum("hd,shd->hs", q[0], k0.repeat_interleave(2, dim=1)) / 8, dim=-1)
     torch.testing.assert_close(got[0], torch.einsum("hs,shd->hd", want0, v0.repeat_interleave(2, dim=1)),
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("d", [64, 20, 18, 128])
+@pytest.mark.parametrize("window", [0, 7])
+def test_paged_attention_kernel_reads_int8_rows(lib, d, window):
+    """int8 pools (kv_cache_dtype int8): the kernel reads each row's values and the fp32
+    scale after them (unaligned where D + 4 is not a multiple of 4: D = 18) and matches
+    the reference on the same rows, GQA, block boundaries and windows."""
+    bs = 16
+    q, k, v, tables, lens = _paged_case([1, bs - 1, bs, bs + 1, 3 * bs + 5], 8, 2, d, bs)
+    k8, v8 = kv_int8.quantize_rows(k), kv_int8.quantize_rows(v)
+    got = _paged_emulated(lib, q, k8, v8, tables, lens, window)
+    torch.testing.assert_close(got, ref.paged_decode_attention(q, k8, v8, tables, lens, window), rtol=1e-5,
+                               atol=1e-5)
+    # the float kernel on the rows read back: the same arithmetic, so the same bits
+    back = _paged_emulated(lib, q, kv_int8.dequantize_rows(k8), kv_int8.dequantize_rows(v8), tables, lens, window)
+    assert torch.equal(got, back)
+
+
+def test_paged_int8_row_scale_reads_the_four_bytes_after_the_values_at_any_alignment(lib):
+    lib.cpk_paged_int8_row_scale.restype = ctypes.c_float
+    rows = kv_int8.quantize_rows(torch.randn(7, 18, generator=torch.Generator().manual_seed(3)) * 5)
+    flat = rows.reshape(-1)  # 22-byte rows: every other row's scale is unaligned
+    for r in range(rows.shape[0]):
+        got = lib.cpk_paged_int8_row_scale(ctypes.c_void_p(flat.data_ptr() + 22 * r), 18)
+        assert got == kv_int8.row_scales(rows)[r].item() and got > 0

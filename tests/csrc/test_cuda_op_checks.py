@@ -159,6 +159,14 @@ def test_op_checks_paged_decode_attention(lib):
         for kv_dtype in (torch.float16, torch.bfloat16, torch.float32):
             pool = ((40, 2, 16, 64), kv_dtype)
             assert check(q=((3, 8, 64), q_dtype), k_pool=pool, v_pool=pool) == ""
+    for q_dtype in (torch.float16, torch.float32):  # int8 pools: rows of head_dim values + the fp32 scale
+        pool = ((40, 2, 16, 68), torch.int8)
+        assert check(q=((3, 8, 64), q_dtype), k_pool=pool, v_pool=pool) == ""
+    assert ("k_pool must be 4-D [num_blocks, n_kv_heads, block_size, head_dim + 4 = 68], got [40, 2, 16, 64]"
+            in check(k_pool=((40, 2, 16, 64), torch.int8), v_pool=((40, 2, 16, 64), torch.int8)))
+    assert "v_pool must have k_pool's sizes" in check(k_pool=((40, 2, 16, 68), torch.int8))
+    assert "q must be float16" in check(q=((3, 8, 64), torch.int8), k_pool=((40, 2, 16, 68), torch.int8),
+                                        v_pool=((40, 2, 16, 68), torch.int8))
     assert check(window=5) == ""
     assert "window must be >= 0" in check(window=-1)
     assert "q must be 3-D" in check(q=((3, 512), f16))
@@ -167,7 +175,8 @@ def test_op_checks_paged_decode_attention(lib):
         k_pool=((40, 2, 16, 32), f16))
     assert "v_pool must have k_pool's sizes [40, 2, 16, 64] and dtype float16" in check(v_pool=((41, 2, 16, 64), f16))
     assert "v_pool must have k_pool's sizes" in check(v_pool=((40, 2, 16, 64), torch.float32))
-    assert "k_pool must be float16" in check(k_pool=((40, 2, 16, 64), i32), v_pool=((40, 2, 16, 64), i32))
+    assert "k_pool must be float16, bfloat16, float32 or int8" in check(k_pool=((40, 2, 16, 64), i32),
+                                                                        v_pool=((40, 2, 16, 64), i32))
     assert "not a multiple of the pools' 3 kv heads" in check(k_pool=((40, 3, 16, 64), f16),
                                                               v_pool=((40, 3, 16, 64), f16))
     assert "head_dim 320 is outside 1..256" in check(q=((3, 8, 320), f16), k_pool=((40, 2, 16, 320), f16),

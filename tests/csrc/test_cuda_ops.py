@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import compress.ops as ops
-from compress.ops import reference as ref
+from compress.ops import kv_int8, reference as ref
 
 pytestmark = [
     pytest.mark.cuda,
@@ -377,15 +377,14 @@ def _paged_case(lens, hq, hkv, d, bs, q_dtype, kv_dtype, seed=3):
     tables = torch.full((len(lens), max(need) + 1), -1, dtype=torch.int32)
     for r, n in enumerate(need):
         tables[r, :n] = torch.tensor(order[sum(need[:r]):sum(need[:r]) + n], dtype=torch.int32)
-    k = torch.randn(nb, hkv, bs, d, generator=g).to(kv_dtype)
-    v = torch.randn(nb, hkv, bs, d, generator=g).to(kv_dtype)
+    k, v = (kv_int8.to_pool(torch.randn(nb, hkv, bs, d, generator=g), kv_dtype) for _ in range(2))
     q = torch.randn(len(lens), hq, d, generator=g).to(q_dtype)
     return [t.to(DEV) for t in (q, k, v, tables, torch.tensor(lens, dtype=torch.int32))]
 
 
 @pytest.mark.parametrize("q_dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("heads,d", [((8, 8), 64), ((32, 8), 128), ((8, 1), 80)])
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.bfloat16, torch.float32, torch.int8])
+@pytest.mark.parametrize("heads,d", [((8, 8), 64), ((32, 8), 128), ((8, 1), 80), ((4, 2), 18)])
 @pytest.mark.parametrize("window", [0, 9])
 def test_paged_decode_attention(q_dtype, kv_dtype, heads, d, window):
     bs = 16
@@ -399,6 +398,15 @@ def test_paged_decode_attention(q_dtype, kv_dtype, heads, d, window):
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
 
 
+def test_paged_decode_attention_int8_rows_read_as_their_float_values():
+    """int8 pools (a row's values, then its fp32 scale): the kernel reads float(q) * scale,
+    so it gives what it gives on the float32 pools of the values read back."""
+    q, k, v, tables, lens = _paged_case([1, 15, 16, 17, 53, 700], 8, 2, 64, 16, torch.float32, torch.int8)
+    got = C.paged_decode_attention(q, k, v, tables, lens, 0)
+    back = C.paged_decode_attention(q, kv_int8.dequantize_rows(k), kv_int8.dequantize_rows(v), tables, lens, 0)
+    assert torch.equal(got, back)
+
+
 def test_paged_decode_attention_checks_arguments():
     q, k, v, tables, lens = _paged_case([5, 9], 4, 2, 64, 8, torch.float16, torch.float16)
     with pytest.raises(RuntimeError, match="block_tables must be int32"):
@@ -407,3 +415,6 @@ def test_paged_decode_attention_checks_arguments():
         C.paged_decode_attention(q, k.cpu(), v, tables, lens, 0)
     with pytest.raises(RuntimeError, match="window must be >= 0"):
         C.paged_decode_attention(q, k, v, tables, lens, -2)
+    rows = kv_int8.quantize_rows(k)
+    with pytest.raises(RuntimeError, match=r"k_pool must be 4-D \[num_blocks, n_kv_heads, block_size, head_dim \+ 4"):
+        C.paged_decode_attention(q, rows[..., :64], rows[..., :64], tables, lens, 0)

@@ -39,11 +39,9 @@ def test_zero_rows_and_other_dtypes():
     assert kv_int8.to_pool(x, torch.float16).dtype == torch.float16 and kv_int8.row_elems(32, torch.float16) == 32
 
 
-def test_the_cache_takes_int8_by_name_on_cpu_only():
+def test_the_cache_takes_int8_by_name():
     assert resolve_kv_cache_dtype("int8", torch.float32) == torch.int8
     assert resolve_kv_cache_dtype(None, torch.bfloat16) == torch.bfloat16
-    with pytest.raises(ValueError, match="CPU only"):
-        resolve_kv_cache_dtype("int8", torch.float16, "cuda")
     with pytest.raises(ValueError, match="one of float32, bfloat16, float16, int8 .* got 'fp8'"):
         resolve_kv_cache_dtype("fp8", torch.float32)
     cache = PagedKVCache(2, 3, 4, 16, 64, torch.int8)

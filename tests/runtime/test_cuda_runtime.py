@@ -48,6 +48,30 @@ def test_cuda_graph_decode_steps_match_launched_ones(tmp_path, embedded, bits):
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
 
 
+def test_int8_kv_cache_on_cuda(tmp_path, embedded):
+    """kv_cache_dtype int8 on the GPU: the pools hold int8 rows with their scales, the CUDA
+    paged attention kernel reads them (graph replays give the launched tokens), and greedy
+    decoding stays near the exact cache's: the chosen tokens' logprobs move by little
+    until the first token that differs (a misread scale moves them by whole units)."""
+    q = export_rtn(embedded, 4, tmp_path / "q")
+    opts = dict(device="cuda", dtype="float16", max_batch_size=8, enable_prefix_caching=False)
+    int8, launched, exact = (LLM(q, kv_cache_dtype="int8", **opts),
+                             LLM(q, kv_cache_dtype="int8", cuda_graphs=False, **opts), LLM(q, **opts))
+    pool = int8.engine.kv_cache.k
+    assert pool.dtype == torch.int8 and pool.is_cuda and pool.shape[-1] == int8.model.head_dim + 4
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=0)
+    got, want = int8.generate(PROMPTS, params), exact.generate(PROMPTS, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in launched.generate(PROMPTS, params)]
+    assert int8.engine.stats()["cuda_graph_replays"] > 0
+    drift, same = [], 0
+    for g, w in zip(got, want):
+        n = next((i for i, (a, b) in enumerate(zip(g.token_ids, w.token_ids)) if a != b), len(g.token_ids))
+        same += n == len(g.token_ids)
+        drift += [abs(a.logprob - b.logprob) for a, b in zip(g.logprobs[:n], w.logprobs[:n])]
+    assert drift and max(drift) < 0.2, f"int8 K / V moved a chosen token's logprob by {max(drift):.3f}"
+    assert same >= len(PROMPTS) // 2
+
+
 def test_w4a8_activations_are_refused_on_cuda(tmp_path, embedded):
     q = export_rtn(embedded, 4, tmp_path / "q")
     with pytest.raises(ValueError, match="CPU kernels only"):

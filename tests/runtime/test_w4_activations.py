@@ -144,6 +144,19 @@ def test_int4_on_avx2_takes_the_lanes_layout_and_the_avx512_bits(int4_llama, cho
         assert torch.equal(avx2, avx512)
 
 
+@pytest.mark.skipif(not native_available("cpu") or "avx2" not in cpu_isas_available(),
+                    reason="native CPU kernels not built, or no AVX2")
+def test_an_avx2_cap_takes_the_lanes_layout_on_an_amx_cpu(monkeypatch):
+    """The AMX tiles run only where AVX-512 is the active ISA (w4a8_gemm.cpp), so under an
+    AVX2 cap a CPU with AMX-BF16 takes the lanes layout for int8 activations, as an AVX2
+    CPU does; with AVX-512 active it keeps the row-tiled layout the tiles read."""
+    monkeypatch.setattr(layers, "w4a16_amx_available", lambda: True)
+    with force_cpu_isa("avx2"):
+        assert layers.int4_lanes_wanted("int8") and layers.int4_lanes_wanted("float")
+    if cpu_isa() == "avx512_vnni":
+        assert not layers.int4_lanes_wanted("int8") and layers.int4_lanes_wanted("float")
+
+
 def _int4_linears(model):
     return [m for layer in model.layers for m in (layer.attn.qkv_proj, layer.attn.o_proj,
                                                   layer.mlp.gate_up_proj, layer.mlp.down_proj)]

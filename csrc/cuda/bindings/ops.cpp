@@ -29,7 +29,8 @@ cpk::DType dtype_of(const at::Tensor& t) {
   switch (t.scalar_type()) {
     case at::kHalf: return cpk::DType::kF16;
     case at::kBFloat16: return cpk::DType::kBF16;
-    default: return cpk::DType::kF32;  // op_checks.h admits float16, bfloat16 and float32 only
+    case at::kChar: return cpk::DType::kI8;  // op_checks.h admits it for paged attention's pools only
+    default: return cpk::DType::kF32;  // op_checks.h admits float16, bfloat16 and float32 otherwise
   }
 }
 

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../cpk_common.cuh"
@@ -464,16 +465,26 @@ void cpk_quantize_rows(const float* x, int m, int k, const uint8_t* mask, int8_t
   }
 }
 
+}  // extern "C"
+
 // The paged attention kernel (paged_attention.cu) for every (row, head) block, run by its
 // own helpers: each of the kPagedWarps warps walks its positions with paged_row_offset
 // and its OnlineSoftmax (the lanes' partial dots summed in the kernel's butterfly order),
 // then the block combines the warps. Pools contiguous [num_blocks, n_kv_heads,
-// block_size, head_dim]; q, out [rows, n_heads, head_dim]; values as floats.
-void cpk_paged_attention_emulated(const float* q, const float* k_pool, const float* v_pool, const int32_t* tables,
-                                  const int32_t* lens, int rows, int n_heads, int n_kv_heads, int head_dim,
-                                  int num_blocks, int block_size, int table_cols, int window, float* out) {
+// block_size, head_dim] (float) or [.., head_dim + 4] (int8 rows, each element read as
+// float(q) * paged_int8_row_scale, as the kernel reads it); q, out [rows, n_heads, head_dim].
+template <typename TKV>
+static void paged_attention_emulated(const float* q, const TKV* k_pool, const TKV* v_pool, const int32_t* tables,
+                                     const int32_t* lens, int rows, int n_heads, int n_kv_heads, int head_dim,
+                                     int num_blocks, int block_size, int table_cols, int window, float* out) {
+  constexpr bool kInt8 = std::is_same_v<TKV, int8_t>;
   const int D = head_dim;
-  const long long s_slot = D, s_head = static_cast<long long>(block_size) * D, s_block = n_kv_heads * s_head;
+  const long long s_slot = kInt8 ? D + 4 : D, s_head = static_cast<long long>(block_size) * s_slot,
+                  s_block = n_kv_heads * s_head;
+  auto value = [&](const TKV* row, int d) {
+    if constexpr (kInt8) return static_cast<float>(row[d]) * paged_int8_row_scale(row, D);
+    else return static_cast<float>(row[d]);
+  };
   const float qscale = kLog2e / __builtin_sqrtf(static_cast<float>(D));
   for (int row = 0; row < rows; ++row)
     for (int h = 0; h < n_heads; ++h) {
@@ -494,7 +505,7 @@ void cpk_paged_attention_emulated(const float* q, const float* k_pool, const flo
             float p = 0.f;
             for (int i = 0; i < kPagedMaxChunks; ++i) {
               const int d = lane + 32 * i;
-              if (d < D) p = __builtin_fmaf(qr[d] * qscale, k_pool[off + d], p);
+              if (d < D) p = __builtin_fmaf(qr[d] * qscale, value(k_pool + off, d), p);
             }
             lane_part[lane] = p;
           }
@@ -506,7 +517,7 @@ void cpk_paged_attention_emulated(const float* q, const float* k_pool, const flo
           float rescale, weight;
           sm.add(lane_part[0], &rescale, &weight);
           for (int d = 0; d < D; ++d)
-            acc[w * D + d] = __builtin_fmaf(weight, v_pool[off + d], acc[w * D + d] * rescale);
+            acc[w * D + d] = __builtin_fmaf(weight, value(v_pool + off, d), acc[w * D + d] * rescale);
         }
         m[w] = sm.m, l[w] = sm.l;
       }
@@ -525,5 +536,25 @@ void cpk_paged_attention_emulated(const float* q, const float* k_pool, const flo
       }
     }
 }
+
+extern "C" {
+
+void cpk_paged_attention_emulated(const float* q, const float* k_pool, const float* v_pool, const int32_t* tables,
+                                  const int32_t* lens, int rows, int n_heads, int n_kv_heads, int head_dim,
+                                  int num_blocks, int block_size, int table_cols, int window, float* out) {
+  paged_attention_emulated(q, k_pool, v_pool, tables, lens, rows, n_heads, n_kv_heads, head_dim, num_blocks,
+                           block_size, table_cols, window, out);
+}
+
+void cpk_paged_attention_emulated_int8(const float* q, const int8_t* k_pool, const int8_t* v_pool,
+                                       const int32_t* tables, const int32_t* lens, int rows, int n_heads,
+                                       int n_kv_heads, int head_dim, int num_blocks, int block_size, int table_cols,
+                                       int window, float* out) {
+  paged_attention_emulated(q, k_pool, v_pool, tables, lens, rows, n_heads, n_kv_heads, head_dim, num_blocks,
+                           block_size, table_cols, window, out);
+}
+
+// paged_int8_row_scale of a row of D values at `row` (any alignment)
+float cpk_paged_int8_row_scale(const int8_t* row, int D) { return paged_int8_row_scale(row, D); }
 
 }  // extern "C"
