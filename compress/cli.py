@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -130,12 +131,19 @@ def speculative_summary(stats: dict) -> str:
 def _cmd_generate(args) -> int:
     from compress.runtime import LLM, SamplingParams
 
+    from compress.errors import UserError
+
+    try:  # before the model loads: a bad value is named at once, as its flag
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                                top_p=args.top_p, seed=args.seed, presence_penalty=args.presence_penalty,
+                                frequency_penalty=args.frequency_penalty, repetition_penalty=args.repetition_penalty)
+    except ValueError as exc:
+        raise UserError(re.sub(r"SamplingParams\.(\w+)", lambda m: "--" + m.group(1).replace("_", "-"),
+                               str(exc))) from exc
     speculative = speculative_option(args)
     llm = load_llm(LLM, args.path, speculative, dtype=args.dtype, kernels=args.kernels, threads=args.threads,
                    device=args.device,
                    kv_cache_dtype=args.kv_cache_dtype, w4_activations=args.w4_activations)
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                            top_p=args.top_p, seed=args.seed)
     if args.stream:
         for prompt in args.prompt:
             print(prompt, end="", flush=True)
@@ -215,6 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, in [-2, 2] (0: off)")
+    g.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, in [-2, 2] (0: off)")
+    g.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="vLLM's: > 1 discourages the prompt's and output's tokens (1: off)")
     g.add_argument("--stream", action="store_true")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--device", default="cpu", choices=["cpu", "cuda"],

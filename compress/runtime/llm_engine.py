@@ -185,7 +185,7 @@ class LLMEngine:
             spec_outputs = self.speculative.step(self, batch.seqs, batch.num_new_tokens)
             if spec_outputs is not None:
                 return outputs + spec_outputs
-        greedy = all(s.params.greedy for s in batch.seqs)
+        greedy = all(s.params.greedy and not s.params.penalized for s in batch.seqs)
         t0 = time.perf_counter()
         out = self.runner.run(batch.seqs, batch.num_new_tokens, greedy=greedy)
         seconds = time.perf_counter() - t0
@@ -241,7 +241,8 @@ class LLMEngine:
         if key != self._sampler_key or self._sampler is None:
             self._sampler = BatchSampler([s.params for s in rows], [s.generator for s in rows], logits.device)
             self._sampler_key = key
-        return self._sampler(logits).tolist()
+        histories = [(s.prompt_ids, s.output_ids) for s in rows] if any(self._sampler.penalized) else None
+        return self._sampler(logits, histories).tolist()
 
     @staticmethod
     def chosen_logprobs(rows: list[Sequence], logits: torch.Tensor, tokens: list[int]) -> list[TokenLogprob | None]:

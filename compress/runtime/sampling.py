@@ -1,5 +1,5 @@
-"""Sampling parameters and the batched sampler (greedy, temperature, top-k, top-p),
-and the log-probabilities a request asks for.
+"""Sampling parameters and the batched sampler (penalties, greedy, temperature, top-k,
+top-p), and the log-probabilities a request asks for.
 
 Each request may carry its own seed: its draws then come from its own
 ``torch.Generator`` (held by its sequence), so its output does not depend on what else
@@ -7,6 +7,7 @@ is in the batch.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -19,8 +20,15 @@ class SamplingParams:
     """vLLM-shaped sampling parameters. ``temperature=0`` is greedy; ``top_k=0`` (or -1)
     and ``top_p=1`` disable those filters; ``stop`` holds strings that end a sequence
     (excluded from the text), ``stop_token_ids`` tokens that do. ``logprobs=k``: each
-    generated token's log-probability under the model (before temperature and the
-    filters) and the ``k`` most likely tokens' (``RequestOutput.logprobs``)."""
+    generated token's log-probability under the model (before penalties, temperature and
+    the filters) and the ``k`` most likely tokens' (``RequestOutput.logprobs``).
+
+    Penalties (OpenAI's and vLLM's definitions; ``apply_penalties``), applied to the logits
+    before everything else, greedy included: ``repetition_penalty`` (1 = off) divides the
+    positive logits and multiplies the negative ones of every token already in the prompt
+    or the output; ``frequency_penalty`` subtracts itself times the number of times a token
+    was generated so far, ``presence_penalty`` itself once for any token generated (both
+    in [-2, 2], 0 = off; negative values favour repeats)."""
     max_tokens: int = 16
     temperature: float = 1.0
     top_k: int = 0
@@ -30,6 +38,9 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self):
         if self.max_tokens is None or int(self.max_tokens) < 1:
@@ -46,6 +57,16 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.logprobs is not None and int(self.logprobs) < 0:
             raise ValueError(f"SamplingParams.logprobs must be None or >= 0, got {self.logprobs}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"SamplingParams.{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise ValueError(f"SamplingParams.repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty is on (the logits then depend on the tokens so far)."""
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
     @property
     def greedy(self) -> bool:
@@ -75,10 +96,52 @@ class BatchSampler:
         self.top_k = torch.tensor([p.top_k if p.top_k > 0 else 0 for p in params], device=self.device)
         self.top_p = torch.tensor([p.top_p for p in params], device=self.device)
         self.need_filter = any((p.top_k > 0 or p.top_p < 1.0) and not p.greedy for p in params)
+        self.penalized = [p.penalized for p in params]
+        if any(self.penalized):
+            self.presence = torch.tensor([p.presence_penalty for p in params], device=self.device)
+            self.frequency = torch.tensor([p.frequency_penalty for p in params], device=self.device)
+            self.repetition = torch.tensor([p.repetition_penalty for p in params], device=self.device)
 
-    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+    def __call__(self, logits: torch.Tensor, histories: list[tuple[list[int], list[int]]] | None = None) -> torch.Tensor:
+        """One token per row of ``logits``; ``histories``: each row's (prompt ids, output ids
+        so far), needed when a row has a penalty."""
+        if any(self.penalized):
+            if histories is None or len(histories) != len(self.params):
+                raise ValueError("a penalized batch needs each row's (prompt ids, output ids)")
+            counts, seen = token_counts(histories, self.penalized, logits.shape[-1], logits.device)
+            logits = apply_penalties(logits, counts, seen, self.presence, self.frequency, self.repetition)
         return sample(logits, self.temperature, self.top_k, self.top_p, self.generators,
                       all_greedy=self.all_greedy, need_filter=self.need_filter)
+
+
+def token_counts(histories: list[tuple[list[int], list[int]]], rows: list[bool], vocab: int,
+                 device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """For the ``rows`` that are True: how many times each token id is in the output
+    (float ``[B, V]``) and whether it is in the prompt or the output (bool ``[B, V]``);
+    zeros and False for the other rows."""
+    counts = torch.zeros((len(histories), vocab), device=device)
+    seen = torch.zeros((len(histories), vocab), dtype=torch.bool, device=device)
+    for r, ((prompt, output), on) in enumerate(zip(histories, rows)):
+        if not on:
+            continue
+        if output:
+            out = torch.as_tensor(output, dtype=torch.int64, device=device)
+            counts[r].index_add_(0, out, torch.ones(len(output), device=device))
+            seen[r, out] = True
+        if prompt:
+            seen[r, torch.as_tensor(prompt, dtype=torch.int64, device=device)] = True
+    return counts, seen
+
+
+def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, seen: torch.Tensor, presence: torch.Tensor,
+                    frequency: torch.Tensor, repetition: torch.Tensor) -> torch.Tensor:
+    """``logits [B, V]`` with each row's penalties (``[B]`` each): the seen tokens'
+    positive logits divided by ``repetition`` and negative ones multiplied by it, then
+    ``frequency * count + presence * (count > 0)`` subtracted (``token_counts``). A row
+    with no penalty (0, 0, 1) keeps its logits bit for bit."""
+    rep = repetition.unsqueeze(1)
+    logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
+    return logits - frequency.unsqueeze(1) * counts - presence.unsqueeze(1) * (counts > 0).to(logits.dtype)
 
 
 def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

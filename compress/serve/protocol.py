@@ -6,7 +6,7 @@ OpenAI's ``{"error": {"message", "type", "param", "code"}}`` with ``param`` nami
 the field (``messages.1.content`` for nested ones). Models are strict (no string to
 number coercion) and forbid unknown fields. Fields OpenAI defines that the runtime
 does not implement are accepted only at their neutral value (``n=1``,
-``presence_penalty=0``, ``tools=[]``, ``response_format={"type": "text"}``, ...), so a
+``logit_bias={}``, ``tools=[]``, ``response_format={"type": "text"}``, ...), so a
 client that asks for them is told, not ignored. ``null`` for an optional field means its
 default, as in OpenAI's API (clients that build bodies from dicts send unset fields so).
 """
@@ -23,8 +23,6 @@ MAX_LOGPROBS = 20      # top alternatives per token (vLLM's default bound; OpenA
 # 400 says otherwise). A request may send them only where they ask for nothing.
 NEUTRAL_ONLY: dict[str, tuple[tuple, str]] = {
     "n": ((1,), "only n=1 is supported"),
-    "presence_penalty": ((0.0,), "penalties are not supported (only 0)"),
-    "frequency_penalty": ((0.0,), "penalties are not supported (only 0)"),
     "logit_bias": ((None, {}), "logit_bias is not supported"),
     "response_format": ((None, {"type": "text"}), 'only {"type": "text"} is supported (no JSON mode or schema)'),
     "tools": ((None, []), "tools are not supported (no function calling)"),
@@ -79,8 +77,8 @@ class _SamplingFields(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     # OpenAI's fields for what a text model without tools does anyway: their neutral values only
@@ -94,6 +92,7 @@ class _SamplingFields(_Strict):
     # vLLM's extensions the runtime supports
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
+    repetition_penalty: float = Field(1.0, gt=0.0)
 
     @field_validator("stop")
     @classmethod

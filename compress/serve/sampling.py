@@ -1,7 +1,8 @@
 """A request's sampling fields as the runtime's ``SamplingParams``.
 
 OpenAI's ``top_k`` has no such field; ``-1`` (vLLM's "off") and ``0`` both mean no limit.
-``temperature=0`` is greedy. ``logprobs=k`` asks the engine for each generated token's
+``temperature=0`` is greedy. ``presence_penalty`` / ``frequency_penalty`` (OpenAI's) and
+``repetition_penalty`` (vLLM's extension) become the runtime's penalties. ``logprobs=k`` asks the engine for each generated token's
 logprob and its ``k`` most likely alternatives.
 """
 from __future__ import annotations
@@ -12,7 +13,9 @@ from compress.runtime import SamplingParams
 def sampling_params(body, max_tokens: int, stops: list[str], logprobs: int | None) -> SamplingParams:
     kwargs = dict(max_tokens=max_tokens, temperature=float(body.temperature), top_k=max(0, body.top_k),
                   top_p=float(body.top_p), seed=body.seed, stop=list(stops),
-                  stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos)
+                  stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos,
+                  presence_penalty=float(body.presence_penalty), frequency_penalty=float(body.frequency_penalty),
+                  repetition_penalty=float(body.repetition_penalty))
     if logprobs is not None:
         kwargs["logprobs"] = int(logprobs)
     return SamplingParams(**kwargs)

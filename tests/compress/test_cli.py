@@ -146,3 +146,14 @@ def test_generate_draft_errors_are_one_line(capsys, tmp_path, tiny_llama_dir):
     assert code == 2 and "--draft" in err
     code, _, err = _generate(capsys, "--draft", "ngram", "--num-speculative-tokens", "0")
     assert code == 2 and "--num-speculative-tokens" in err
+
+
+def test_generate_penalties_and_their_errors(capsys):
+    """--repetition-penalty changes the embedded model's greedy text; a value out of range
+    is one line naming its flag, before the model loads."""
+    code, plain, _ = _generate(capsys)
+    code, penalized, _ = _generate(capsys, "--repetition-penalty", "1.3", "--frequency-penalty", "0.5")
+    assert code == 0 and penalized.startswith("Return the") and penalized != plain
+    for flag, value in (("--presence-penalty", "3"), ("--repetition-penalty", "0"), ("--temperature", "-1")):
+        code, out, err = _generate(capsys, flag, value)
+        assert code == 2 and f"{flag} must be" in err and "Traceback" not in err and out == ""

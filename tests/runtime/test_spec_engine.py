@@ -104,6 +104,19 @@ def test_greedy_output_is_the_targets_for_every_k(target, llama_dir, random_draf
         assert drafter.block_manager.num_used_blocks == 0 and not drafter.states
 
 
+def test_a_penalized_request_is_decoded_without_speculation(target, llama_dir):
+    """Penalties make a token's logits depend on the tokens before it, which rejection
+    sampling does not model: a step with a penalized row runs as a plain step, so the
+    request gets the plain engine's tokens; unpenalized steps still speculate."""
+    p = greedy(frequency_penalty=-2.0)
+    want = [o.token_ids for o in target.generate(PROMPTS[:2], p)]
+    llm = LLM(llama_dir, speculative={"model": str(llama_dir), "num_speculative_tokens": 3})
+    assert [o.token_ids for o in llm.generate(PROMPTS[:2], p)] == want
+    assert llm.engine.stats()["spec_steps"] == 0
+    llm.generate(PROMPTS[:1], greedy(4))
+    assert llm.engine.stats()["spec_steps"] > 0
+
+
 def test_self_draft_keeps_whole_runs(llama_dir):
     llm = spec_llm(llama_dir, llama_dir, 3)
     llm.generate(PROMPTS[:2], greedy(max_tokens=17))

@@ -43,6 +43,20 @@ def test_completions_greedy_equal_the_runtime(server, references):
     assert [ch.text for ch in sorted(out.choices, key=lambda ch: ch.index)] == references["texts"][::-1]
 
 
+def test_penalties_reach_the_runtime(server, embedded_llm):
+    """presence / frequency (OpenAI's) and repetition (vLLM's) penalties: the server's
+    greedy text is the runtime's with the same penalties, and differs from plain greedy."""
+    from compress.runtime import SamplingParams
+    c = client(server)
+    pen = dict(presence_penalty=0.5, frequency_penalty=1.0)
+    out = c.completions.create(model=MODEL_NAME, prompt="Return the", max_tokens=24, temperature=0,
+                               extra_body={"repetition_penalty": 1.3}, **pen)
+    want = embedded_llm.generate("Return the", SamplingParams(max_tokens=24, temperature=0, repetition_penalty=1.3,
+                                                              **pen))[0]
+    plain = embedded_llm.generate("Return the", SamplingParams(max_tokens=24, temperature=0))[0]
+    assert out.choices[0].text == want.text and want.token_ids != plain.token_ids
+
+
 def test_streamed_text_equals_the_whole_answer(server):
     c = client(server)
     whole = c.completions.create(model=MODEL_NAME, prompt="Return a list of", max_tokens=20, temperature=0)
