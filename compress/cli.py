@@ -129,9 +129,8 @@ def speculative_summary(stats: dict) -> str:
 
 
 def _cmd_generate(args) -> int:
-    from compress.runtime import LLM, SamplingParams
-
     from compress.errors import UserError
+    from compress.runtime import LLM, SamplingParams
 
     try:  # before the model loads: a bad value is named at once, as its flag
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,

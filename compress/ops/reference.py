@@ -471,8 +471,9 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
                            block_tables: torch.Tensor, context_lens: torch.Tensor, window: int) -> torch.Tensor:
     """One query per row over a paged KV cache: ``q [B, Hq, D]``; ``k_pool``/``v_pool``
     ``[num_blocks, Hkv, block_size, D]`` (float32, bfloat16 or float16, any of them under
-    a float32 / bfloat16 ``q``; or int8 rows ``[..., D + 4]``, ``kv_int8.py``); row r's key at position p lives in block
-    ``block_tables[r, p // block_size]`` (int32 ``[B, M]``) at offset ``p % block_size``.
+    a float32 / bfloat16 ``q``; or int8 rows ``[..., D + 4]``, ``kv_int8.py``); row r's key
+    at position p lives in block ``block_tables[r, p // block_size]`` (int32 ``[B, M]``) at
+    offset ``p % block_size``.
     Row r attends to its keys ``0 .. context_lens[r] - 1`` (int32 ``[B]``, each >= 1), and
     with ``window > 0`` only to the last ``window`` of them (0 = full attention). Query
     head h reads kv head ``h // (Hq / Hkv)``; scores ``q . k / sqrt(D)`` and the softmax in

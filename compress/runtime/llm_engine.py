@@ -241,7 +241,7 @@ class LLMEngine:
         if key != self._sampler_key or self._sampler is None:
             self._sampler = BatchSampler([s.params for s in rows], [s.generator for s in rows], logits.device)
             self._sampler_key = key
-        histories = [(s.prompt_ids, s.output_ids) for s in rows] if any(self._sampler.penalized) else None
+        histories = [(s.prompt_ids, s.output_ids) for s in rows] if self._sampler.needs_history else None
         return self._sampler(logits, histories).tolist()
 
     @staticmethod

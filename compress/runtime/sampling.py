@@ -97,15 +97,17 @@ class BatchSampler:
         self.top_p = torch.tensor([p.top_p for p in params], device=self.device)
         self.need_filter = any((p.top_k > 0 or p.top_p < 1.0) and not p.greedy for p in params)
         self.penalized = [p.penalized for p in params]
-        if any(self.penalized):
+        self.needs_history = any(self.penalized)   # __call__ then needs each row's tokens so far
+        if self.needs_history:
             self.presence = torch.tensor([p.presence_penalty for p in params], device=self.device)
             self.frequency = torch.tensor([p.frequency_penalty for p in params], device=self.device)
             self.repetition = torch.tensor([p.repetition_penalty for p in params], device=self.device)
 
-    def __call__(self, logits: torch.Tensor, histories: list[tuple[list[int], list[int]]] | None = None) -> torch.Tensor:
+    def __call__(self, logits: torch.Tensor,
+                 histories: list[tuple[list[int], list[int]]] | None = None) -> torch.Tensor:
         """One token per row of ``logits``; ``histories``: each row's (prompt ids, output ids
         so far), needed when a row has a penalty."""
-        if any(self.penalized):
+        if self.needs_history:
             if histories is None or len(histories) != len(self.params):
                 raise ValueError("a penalized batch needs each row's (prompt ids, output ids)")
             counts, seen = token_counts(histories, self.penalized, logits.shape[-1], logits.device)

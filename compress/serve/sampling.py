@@ -2,8 +2,8 @@
 
 OpenAI's ``top_k`` has no such field; ``-1`` (vLLM's "off") and ``0`` both mean no limit.
 ``temperature=0`` is greedy. ``presence_penalty`` / ``frequency_penalty`` (OpenAI's) and
-``repetition_penalty`` (vLLM's extension) become the runtime's penalties. ``logprobs=k`` asks the engine for each generated token's
-logprob and its ``k`` most likely alternatives.
+``repetition_penalty`` (vLLM's extension) become the runtime's penalties. ``logprobs=k``
+asks the engine for each generated token's logprob and its ``k`` most likely alternatives.
 """
 from __future__ import annotations
 

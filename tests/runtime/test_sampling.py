@@ -73,7 +73,8 @@ def test_penalties_by_hand():
     row 1: no penalty (its logits unchanged bit for bit)."""
     logits = torch.tensor([[1.0, 4.0, -2.0, 3.0], [1.0, 4.0, -2.0, 3.0]])
     counts, seen = token_counts([([1], [2, 2]), ([1], [2])], [True, False], 4)
-    assert counts.tolist() == [[0, 0, 2, 0], [0, 0, 0, 0]] and seen.tolist() == [[False, True, True, False]] + [[False] * 4]
+    assert counts.tolist() == [[0, 0, 2, 0], [0, 0, 0, 0]]
+    assert seen.tolist() == [[False, True, True, False], [False] * 4]
     got = apply_penalties(logits, counts, seen, torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.0]),
                           torch.tensor([2.0, 1.0]))
     assert got[0].tolist() == [1.0, 4.0 / 2, -2.0 * 2 - 0.5 * 2 - 1.0, 3.0]
@@ -105,7 +106,8 @@ def _greedy_with_penalties(llm, prompt_ids, params, n):
 
 
 @pytest.mark.parametrize("penalties", [dict(repetition_penalty=0.3),
-                                       dict(frequency_penalty=-2.0), dict(presence_penalty=-2.0, frequency_penalty=0.5)])
+                                       dict(frequency_penalty=-2.0),
+                                       dict(presence_penalty=-2.0, frequency_penalty=0.5)])
 def test_penalized_greedy_matches_recompute_and_ignores_its_batch(llm, penalties):
     """Greedy decoding with penalties gives the tokens of a recompute that applies them by
     hand; batched with an unpenalized sampled request it gives the same tokens as alone,
