@@ -150,7 +150,7 @@ def build_app(state: ServerState, on_shutdown=None) -> FastAPI:
         state.check_model(body.model)
         if body.messages is not None:
             ids = chat_prompt_ids(state, [{"role": m.role, "content": m.text()} for m in body.messages],
-                                  body.add_generation_prompt)
+                                  body.add_generation_prompt, body.chat_template_kwargs)
         else:
             ids = state.encode(body.prompt, body.add_special_tokens)
         return {"count": len(ids), "max_model_len": state.max_seq_len, "tokens": ids}

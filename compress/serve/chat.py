@@ -20,16 +20,21 @@ from compress.serve.sampling import sampling_params
 from compress.serve.sse import SSE_DONE, GuardedStream, StopHoldback, sse_event
 
 
-def chat_prompt_ids(state, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+def chat_prompt_ids(state, messages: list[dict], add_generation_prompt: bool = True,
+                    template_kwargs: dict | None = None) -> list[int]:
     if state.tokenizer is None:
         raise APIError("messages: this model has no tokenizer, so it cannot chat", param="messages")
-    text = render_chat(state.tokenizer, messages, add_generation_prompt)
+    try:
+        text = render_chat(state.tokenizer, messages, add_generation_prompt, template_kwargs)
+    except Exception as e:   # a template that raises (jinja's raise_exception, a bad variable)
+        param = "chat_template_kwargs" if template_kwargs else "messages"
+        raise APIError(f"{param}: the chat template failed: {e}", param=param) from None
     return state.encode(text, add_special_tokens=False, param="messages")
 
 
 async def create_chat_completion(state, body: ChatCompletionRequest, request):
     state.check_model(body.model)
-    ids = chat_prompt_ids(state, body.plain_messages(), body.add_generation_prompt)
+    ids = chat_prompt_ids(state, body.plain_messages(), body.add_generation_prompt, body.chat_template_kwargs)
     ctx = state.max_seq_len
     if len(ids) >= ctx:
         raise APIError(f"messages: the conversation has {len(ids)} tokens; the model's context is {ctx} "

@@ -40,13 +40,17 @@ def _compiled(template: str):
     return env.from_string(template)
 
 
-def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> str:
-    """Prompt text of ``messages`` (``[{"role", "content"}]``, content a string)."""
+def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
+                template_kwargs: dict | None = None) -> str:
+    """Prompt text of ``messages`` (``[{"role", "content"}]``, content a string);
+    ``template_kwargs``: extra template variables (Qwen3's ``enable_thinking``), as
+    ``apply_chat_template`` takes them."""
+    extra = dict(template_kwargs or {})
     if chat_template_of(tokenizer) is not None:
         return tokenizer.apply_chat_template(messages, tokenize=False,
-                                             add_generation_prompt=add_generation_prompt)
+                                             add_generation_prompt=add_generation_prompt, **extra)
     bos = getattr(tokenizer, "bos_token", None) or ""
-    return _compiled(PLAIN_CHAT_TEMPLATE).render(messages=messages, bos_token=bos,
+    return _compiled(PLAIN_CHAT_TEMPLATE).render(**extra, messages=messages, bos_token=bos,
                                                  add_generation_prompt=add_generation_prompt)
 
 

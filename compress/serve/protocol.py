@@ -18,6 +18,9 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MAX_LOGPROBS = 20      # top alternatives per token (vLLM's default bound; OpenAI's is 5)
+# what the server passes to the chat template itself: not for chat_template_kwargs
+RENDER_ARGUMENTS = frozenset({"messages", "add_generation_prompt", "tokenize", "bos_token", "tools",
+                              "documents", "return_dict", "conversation", "chat_template"})
 
 # OpenAI's fields that the runtime does not implement: field -> (its neutral values, what a
 # 400 says otherwise). A request may send them only where they ask for nothing.
@@ -60,6 +63,14 @@ class _Strict(BaseModel):
             return data
         fields = cls.model_fields
         return {k: v for k, v in data.items() if v is not None or k not in fields or fields[k].is_required()}
+
+
+def template_variables(v: dict | None) -> dict | None:
+    """``chat_template_kwargs``, refused where it names what the server sets itself."""
+    taken = sorted(set(v or {}) & RENDER_ARGUMENTS)
+    if taken:
+        raise ValueError(f"{', '.join(taken)}: set by the server, not a template variable")
+    return v
 
 
 class StreamOptions(_Strict):
@@ -184,6 +195,13 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
+    # vLLM's extension: extra variables for the chat template (Qwen3's enable_thinking, ...)
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables(cls, v):
+        return template_variables(v)
 
     @model_validator(mode="after")
     def _one_max(self):
@@ -207,6 +225,12 @@ class TokenizeRequest(_Strict):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables(cls, v):
+        return template_variables(v)
 
     @model_validator(mode="after")
     def _one_input(self):

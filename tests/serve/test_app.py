@@ -226,6 +226,10 @@ def test_completion_errors_name_the_field(server, body, param):
     ({"messages": [{"role": "user", "content": "word " * 1100}]}, "messages"),
     ({"messages": [{"role": "user"}], "temperature": 9}, "temperature"),
     ({"messages": "hi"}, "messages"),
+    ({"messages": [{"role": "user", "content": "a"}], "chat_template_kwargs": {"messages": []}},
+     "chat_template_kwargs"),
+    ({"messages": [{"role": "user", "content": "a"}], "chat_template_kwargs": ["enable_thinking"]},
+     "chat_template_kwargs"),
 ])
 def test_chat_errors_name_the_field(server, body, param):
     r = requests.post(server.url + "/v1/chat/completions", json=body)
