@@ -65,7 +65,7 @@ class ChannelGroup:
     members: tuple[ChannelMember, ...]
 
 
-# the llama family's topology (llama, mistral, qwen2): names relative to a decoder block
+# the llama family's topology (llama, mistral, qwen2, qwen3): names relative to a decoder block
 LLAMA_SCALE_GROUPS = (
     ScaleGroup("input_layernorm", "norm", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
     ScaleGroup("self_attn.v_proj", "linear", ("self_attn.o_proj",)),
@@ -129,6 +129,11 @@ class ArchSpec:
     up_proj: str = "mlp.up_proj"
     down_proj: str = "mlp.down_proj"
     qkv_bias: bool = False          # Qwen2 has biases on q/k/v
+    # Qwen3: an RMSNorm over each head's head_dim on q and on k, after the projection and
+    # before RoPE (weights [head_dim], one for every query head, one for every kv head)
+    qk_norm: bool = False
+    q_norm: str = "self_attn.q_norm"
+    k_norm: str = "self_attn.k_norm"
     sliding_window: bool = False    # Mistral may use a sliding attention window
     # groups of linears sharing an input (what AWQ scales together), relative to a block
     scale_groups: tuple[ScaleGroup, ...] = LLAMA_SCALE_GROUPS
@@ -157,6 +162,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "mistral": ArchSpec("mistral", ("MistralForCausalLM",), sliding_window=True),
     "qwen2": ArchSpec("qwen2", ("Qwen2ForCausalLM",), qkv_bias=True, sliding_window=True,
                       channel_groups=llama_channel_groups(qkv_bias=True)),
+    "qwen3": ArchSpec("qwen3", ("Qwen3ForCausalLM",), qk_norm=True, sliding_window=True),
 }
 
 

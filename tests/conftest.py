@@ -36,7 +36,7 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"), "llama")
 
 
-@pytest.fixture(scope="session", params=["llama", "mistral", "qwen2"])
+@pytest.fixture(scope="session", params=["llama", "mistral", "qwen2", "qwen3"])
 def tiny_family_dir(request, tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp(f"tiny-{request.param}"), request.param)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-FAMILIES = ("llama", "mistral", "qwen2")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def corpus_text() -> str:
@@ -44,12 +44,14 @@ def make_tokenizer(vocab_size: int = 512):
 
 
 def tiny_config(family: str = "llama", **overrides):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-    cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[family]
+    cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[family]
     kw = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, vocab_size=512, max_position_embeddings=512, bos_token_id=0,
               eos_token_id=1, tie_word_embeddings=False)
+    if family == "qwen3":   # head_dim is not hidden / heads, as in Qwen3's real sizes
+        kw.update(head_dim=64)
     kw.update(overrides)
     return cls(**kw)
 
@@ -63,6 +65,10 @@ def make_tiny_model(path: Path, family: str = "llama", seed: int = 0, dtype: tor
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_config(family, **overrides))
     model.eval().to(dtype)
+    with torch.no_grad():   # Qwen3's q / k norm weights start at one: make them matter
+        for name, p in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.uniform_(0.5, 1.5)
     path = Path(path)
     kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
     model.save_pretrained(path, safe_serialization=True, **kwargs)

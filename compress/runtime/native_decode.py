@@ -1,7 +1,7 @@
 """The native decode step: a whole decode step on the paged KV cache in one C++ call.
 
 ``build_native_decode(model)`` hands every layer's tensors to a ``compress._C.DecodePlan``
-once (norm weights, the four fused linears in the forms their ``decode_spec()`` names,
+once (norm weights, Qwen3's q / k norm weights, the four fused linears in the forms their ``decode_spec()`` names,
 the attention window) plus the embedding, rope tables, final norm and lm_head. A step is
 then ``NativeDecode.decode``: Python ints and the cache tensors in, fp32 logits (and the
 greedy tokens) out, with no tensor op in Python. Where the plan cannot take the model
@@ -49,9 +49,13 @@ def _layer_arguments(layer) -> tuple | None:
     dtype = layer.attn_norm.weight.dtype
     if any(spec[0] == "dense" and spec[2][0].dtype != dtype for spec in specs):
         return None
+    q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+    if q_norm is not None and (q_norm.eps != layer.attn_norm.eps or k_norm.eps != layer.attn_norm.eps):
+        return None   # the plan takes one eps a layer
     return (layer.attn_norm.weight, layer.mlp_norm.weight, layer.attn_norm.eps,
             [spec[0] for spec in specs], [spec[1] for spec in specs],
-            [t for spec in specs for t in spec[2]], [spec[3] for spec in specs], int(layer.window or 0))
+            [t for spec in specs for t in spec[2]], [spec[3] for spec in specs], int(layer.window or 0),
+            None if q_norm is None else q_norm.weight, None if k_norm is None else k_norm.weight)
 
 
 def build_native_decode(model) -> NativeDecode | None:

@@ -269,7 +269,9 @@ std::vector<DecodeLinear> decode_linears(const std::vector<std::string>& schemes
 at::Tensor decode_layer_run(const at::Tensor& x_in, const at::Tensor& attn_norm_weight, const at::Tensor& mlp_norm_weight,
                             double eps, const std::vector<DecodeLinear>& lin, const at::Tensor& cos,
                             const at::Tensor& sin, const at::Tensor& k_pool, const at::Tensor& v_pool,
-                            const PagedRows& rows, int64_t window, int64_t n_heads, int64_t n_kv_heads) {
+                            const PagedRows& rows, int64_t window, int64_t n_heads, int64_t n_kv_heads,
+                            const c10::optional<at::Tensor>& q_norm_weight,
+                            const c10::optional<at::Tensor>& k_norm_weight) {
   // The caller (DecodePlan.decode_tokens) checked the shapes, dtypes, tables and positions.
   const at::Tensor x = x_in.contiguous();
   const int64_t B = x.size(0), D = cos.size(-1), nq = n_heads, nkv = n_kv_heads;
@@ -279,6 +281,14 @@ at::Tensor decode_layer_run(const at::Tensor& x_in, const at::Tensor& attn_norm_
   const at::Tensor qkv = linear_into_scratch(kQkv, lin[0], h).contiguous();
   TORCH_CHECK(qkv.size(1) == (nq + 2 * nkv) * D, "DecodePlan: qkv linear gives ", qkv.size(1),
               " features, expected (n_heads + 2 n_kv_heads) * head_dim = ", (nq + 2 * nkv) * D);
+  if (q_norm_weight.has_value()) {
+    // Qwen3: every q and k head through rms_norm (the module path's op on the same values,
+    // so the same bits), written back over the qkv rows before rope reads them
+    const at::Tensor heads = qkv.view({B, nq + 2 * nkv, D});
+    at::Tensor qv = heads.narrow(1, 0, nq), kv = heads.narrow(1, nq, nkv);
+    qv.copy_(rms_norm(qv, *q_norm_weight, eps));
+    kv.copy_(rms_norm(kv, *k_norm_weight, eps));
+  }
   at::Tensor& q = layer_scratch(kQ, {B, nq, D}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "decode_layer_rope", [&] {
     rope_and_store_dispatch<scalar_t>(qkv, cos, sin, q, k_pool, v_pool, rows, nq, nkv);

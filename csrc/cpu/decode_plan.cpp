@@ -36,11 +36,19 @@ class DecodePlan {
 
   // One decoder layer: its norms, its four linears (qkv, o, gate_up, down; each a scheme
   // and that scheme's tensors from `weights`, decode_layer.cpp) and its attention window
-  // (0 = full attention: keys 0..pos; w > 0: the last w of them).
+  // (0 = full attention: keys 0..pos; w > 0: the last w of them); Qwen3's per-head q and
+  // k norm weights where the model has them.
   void add_layer(at::Tensor attn_norm_weight, at::Tensor mlp_norm_weight, double eps, std::vector<std::string> schemes,
                  std::vector<int64_t> group_sizes, std::vector<at::Tensor> weights,
-                 std::vector<c10::optional<at::Tensor>> biases, int64_t window) {
+                 std::vector<c10::optional<at::Tensor>> biases, int64_t window,
+                 c10::optional<at::Tensor> q_norm_weight, c10::optional<at::Tensor> k_norm_weight) {
     TORCH_CHECK(window >= 0, "DecodePlan.add_layer: window must be >= 0 (0 = full attention), got ", window);
+    TORCH_CHECK(q_norm_weight.has_value() == k_norm_weight.has_value(),
+                "DecodePlan.add_layer: q_norm_weight and k_norm_weight come together (both or neither)");
+    for (const auto* w : {&q_norm_weight, &k_norm_weight})
+      TORCH_CHECK(!w->has_value() || ((*w)->dim() == 1 && (*w)->scalar_type() == attn_norm_weight.scalar_type()),
+                  "DecodePlan.add_layer: a q / k norm weight must be [head_dim] in the norms' dtype ",
+                  attn_norm_weight.scalar_type(), ", got ", (*w)->sizes(), " ", (*w)->scalar_type());
     auto layer = std::make_unique<Layer>();
     layer->attn_norm_weight = std::move(attn_norm_weight);
     layer->mlp_norm_weight = std::move(mlp_norm_weight);
@@ -48,6 +56,8 @@ class DecodePlan {
     layer->weights = std::move(weights);  // the linears point into this vector: never resized again
     layer->linears = decode_linears(schemes, group_sizes, layer->weights, biases);
     layer->window = window;
+    layer->q_norm_weight = std::move(q_norm_weight);
+    layer->k_norm_weight = std::move(k_norm_weight);
     layers_.push_back(std::move(layer));
   }
 
@@ -129,7 +139,8 @@ class DecodePlan {
     for (int64_t i = 0; i < n_layers; ++i) {
       const Layer& l = *layers_[i];
       h = decode_layer_run(h, l.attn_norm_weight, l.mlp_norm_weight, l.eps, l.linears, cos, sin, k_pool.select(0, i),
-                           v_pool.select(0, i), rows, l.window, n_heads_, n_kv_heads_);
+                           v_pool.select(0, i), rows, l.window, n_heads_, n_kv_heads_, l.q_norm_weight,
+                           l.k_norm_weight);
     }
     if (logit_rows) {
       for (const int64_t r : *logit_rows)
@@ -174,6 +185,7 @@ class DecodePlan {
     std::vector<at::Tensor> weights;
     std::vector<DecodeLinear> linears;
     int64_t window = 0;
+    c10::optional<at::Tensor> q_norm_weight, k_norm_weight;   // Qwen3's per-head q / k norms
   };
   struct Head {
     at::Tensor embed, rope_cos, rope_sin, norm_weight;
@@ -199,7 +211,7 @@ int register_decode_plan(PyObject* module) {
         .def(py::init<int64_t, int64_t>(), py::arg("n_heads"), py::arg("n_kv_heads"))
         .def("add_layer", &DecodePlan::add_layer, py::arg("attn_norm_weight"), py::arg("mlp_norm_weight"),
              py::arg("eps"), py::arg("schemes"), py::arg("group_sizes"), py::arg("weights"), py::arg("biases"),
-             py::arg("window"))
+             py::arg("window"), py::arg("q_norm_weight") = py::none(), py::arg("k_norm_weight") = py::none())
         .def("set_head", &DecodePlan::set_head, py::arg("embed"), py::arg("rope_cos"), py::arg("rope_sin"),
              py::arg("norm_weight"), py::arg("eps"), py::arg("scheme"), py::arg("group_size"), py::arg("weights"),
              py::arg("bias"))

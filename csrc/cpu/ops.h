@@ -112,10 +112,13 @@ struct PagedRows {
 // layer's output. cos / sin [B, head_dim] are the rows' rope rows; the new k / v go
 // into this layer's pools k_pool / v_pool [NB, n_kv_heads, BS, head_dim] at each row's
 // position, then paged attention over positions 0 .. positions[b] (the last `window`
-// of them; 0 = all).
+// of them; 0 = all). `q_norm_weight` / `k_norm_weight` (Qwen3; both or neither,
+// [head_dim]): each q and k head goes through rms_norm with them before rope.
 at::Tensor decode_layer_run(const at::Tensor& x, const at::Tensor& attn_norm_weight, const at::Tensor& mlp_norm_weight,
                             double eps, const std::vector<DecodeLinear>& lin, const at::Tensor& cos,
                             const at::Tensor& sin, const at::Tensor& k_pool, const at::Tensor& v_pool,
-                            const PagedRows& rows, int64_t window, int64_t n_heads, int64_t n_kv_heads);
+                            const PagedRows& rows, int64_t window, int64_t n_heads, int64_t n_kv_heads,
+                            const c10::optional<at::Tensor>& q_norm_weight = c10::nullopt,
+                            const c10::optional<at::Tensor>& k_norm_weight = c10::nullopt);
 
 }  // namespace compress_cpu

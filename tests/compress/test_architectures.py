@@ -10,7 +10,7 @@ def test_unsupported_architecture_lists_supported():
         get_arch("gpt2", where="x/config.json")
     msg = str(err.value)
     assert "'gpt2'" in msg and "x/config.json" in msg
-    for name in ("llama", "mistral", "qwen2", "LlamaForCausalLM"):
+    for name in ("llama", "mistral", "qwen2", "qwen3", "LlamaForCausalLM", "Qwen3ForCausalLM"):
         assert name in msg
 
 
@@ -27,7 +27,9 @@ def test_tables_name_real_modules(tiny_family_dir):
         assert group.prev_kind in ("norm", "linear")
     model.get_submodule(arch.embed_tokens), model.get_submodule(arch.final_norm), model.get_submodule(arch.lm_head)
     assert (block.self_attn.q_proj.bias is not None) == arch.qkv_bias
-    assert set(ARCHITECTURES) >= {"llama", "mistral", "qwen2"}
+    for name in (arch.q_norm, arch.k_norm):   # Qwen3's per-head norms exist exactly where the table says
+        assert (name in dict(block.named_modules())) == arch.qk_norm
+    assert set(ARCHITECTURES) >= {"llama", "mistral", "qwen2", "qwen3"}
 
 
 def test_scale_groups_are_the_four_llama_groups():
@@ -41,7 +43,7 @@ def test_scale_groups_are_the_four_llama_groups():
         )
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
 @pytest.mark.parametrize("tied", [False, True])
 def test_channel_groups_cover_every_dimension_of_their_size(family, tied):
     """Every member names a real tensor whose axis has the group's size, and every tensor

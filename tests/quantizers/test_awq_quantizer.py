@@ -83,7 +83,7 @@ def test_clip_search_never_worse_than_no_clip():
     assert err(ratio) <= err(1.0)
 
 
-@pytest.mark.parametrize("family,tied", [("llama", False), ("qwen2", True)])
+@pytest.mark.parametrize("family,tied", [("llama", False), ("qwen2", True), ("qwen3", True)])
 def test_awq_beats_rtn_on_tiny_model_with_outliers(family, tied):
     model = build_tiny(family, tie_word_embeddings=tied)
     plant_norm_outliers(model, get_arch(family), [5, 40, 99], 20.0)

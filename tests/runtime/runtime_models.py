@@ -33,13 +33,15 @@ def make_tokenizer(vocab_size: int = 400):
 
 
 def tiny_config(family: str, vocab_size: int, **overrides):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
     common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                   initializer_range=0.2, bos_token_id=0, eos_token_id=1, pad_token_id=None)
-    cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[family]
+    cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[family]
     if family == "mistral":
         common["sliding_window"] = None
+    if family == "qwen3":   # as Qwen3's real sizes: head_dim is not hidden / heads (q_proj 64 -> 128)
+        common.update(head_dim=32, sliding_window=None)
     common.update(overrides)
     return cls(**common)
 
@@ -53,6 +55,11 @@ def hf_model(config, seed: int = 0):
             for name, p in model.named_parameters():
                 if name.endswith(".bias"):
                     p.normal_(0, 0.2)
+    if getattr(config, "model_type", "") == "qwen3":   # q / k norm weights start at one; make them matter
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith(("q_norm.weight", "k_norm.weight")):
+                    p.uniform_(0.5, 1.5)
     return model
 
 

@@ -168,6 +168,28 @@ def test_sliding_window_with_chunked_prefill(window_model, budget):
         assert got[rid] == ids[len(prompt):]
 
 
+@pytest.mark.parametrize("seed", range(2))
+def test_qwen3_schedules_give_the_cache_free_greedy_tokens(tmp_path, tokenizer, seed):
+    """Qwen3 (per-head q / k norms, head_dim apart from hidden / heads, tied embeddings):
+    mixed steps through the native plan and prompt chunks through the modules give every
+    request the greedy tokens of a recompute over its whole history."""
+    from compress.runtime import LLM
+    path, _ = save_model(tmp_path, "qwen3", tokenizer, tie_word_embeddings=True)
+    model = LLM(path).model
+    rng = random.Random(seed)
+    reqs = random_requests(rng, model.vocab_size, 4)
+    engine = engine_for(model, block_size=rng.choice([2, 16]), max_num_batched_tokens=rng.choice([3, 16]))
+    assert engine.runner.native is not None
+    got = run(engine, reqs, [0, 1, 1, 2])
+    for rid, prompt, sp in reqs:
+        ids = list(prompt)
+        for _ in range(sp.max_tokens):
+            with torch.no_grad():
+                hidden = model(torch.tensor([ids]), torch.arange(len(ids)).unsqueeze(0))
+            ids.append(int(model.logits(hidden[:, -1]).argmax()))
+        assert got[rid] == ids[len(prompt):]
+
+
 def test_seeded_sampling_does_not_depend_on_batch_mates(llm):
     rng = random.Random(3)
     reqs = random_requests(rng, llm.model.vocab_size, 5, greedy=False)

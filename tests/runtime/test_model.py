@@ -24,6 +24,8 @@ def _ids(vocab: int, b: int = 2, t: int = 40, seed: int = 1) -> torch.Tensor:
     ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 5e5, "factor": 2.0}}),
     ("mistral", {"sliding_window": 8}),
     ("qwen2", {}),
+    ("qwen3", {}),
+    ("qwen3", {"tie_word_embeddings": True}),
 ])
 def test_logits_match_transformers(tmp_path, tokenizer, family, overrides):
     path, ref = save_model(tmp_path, family, tokenizer, **overrides)

@@ -1,7 +1,7 @@
 """The native decode step (``compress.runtime.native_decode``: one ``DecodePlan.decode_tokens``
 call per step on the paged KV cache) against the same step run module by module with the
 reference paged attention: same logits and same cache contents at every step, for every
-linear scheme the plan takes, with q/k/v biases (qwen2), sliding windows (mistral, and
+linear scheme the plan takes, with q/k/v biases (qwen2), q/k norms (qwen3), sliding windows (mistral, and
 layers with different windows), rows at different positions in one batch, block tables in
 shuffled order, bf16 activations, fp16 / bf16 pools and int8 pools; against transformers on the whole
 token history; greedy tokens; when no plan is built; errors."""
@@ -87,7 +87,10 @@ def module_step(model, ids: list[int], positions: list[int], k_pool, v_pool, tab
     with torch.no_grad():
         for i, layer in enumerate(model.layers):
             qkv = layer.attn.qkv_proj(layer.attn_norm(x)).view(b, nq + 2 * nkv, d)
-            qk = reference.apply_rope(qkv[:, :nq + nkv], cos, sin)
+            qk = qkv[:, :nq + nkv]
+            if layer.attn.q_norm is not None:   # Qwen3: per-head norms before rope
+                qk = torch.cat([layer.attn.q_norm(qkv[:, :nq]), layer.attn.k_norm(qkv[:, nq:nq + nkv])], 1)
+            qk = reference.apply_rope(qk, cos, sin)
             k_pool[i][blk, :, off] = kv_int8.to_pool(qk[:, nq:], k_pool.dtype)
             v_pool[i][blk, :, off] = kv_int8.to_pool(qkv[:, nq + nkv:], v_pool.dtype)
             a = torch.ops.compress.paged_decode_attention(qk[:, :nq], k_pool[i], v_pool[i], tables, lens,
@@ -128,10 +131,10 @@ def run_steps(model, steps: int, kv_dtype=torch.float32):
     return out, cache, ref_cache
 
 
-FAMILIES = [("llama", {}), ("qwen2", {}), ("mistral", {"sliding_window": 5})]
+FAMILIES = [("llama", {}), ("qwen2", {}), ("qwen3", {}), ("mistral", {"sliding_window": 5})]
 
 
-@pytest.mark.parametrize("family,overrides", FAMILIES, ids=["llama", "qwen2", "mistral-window"])
+@pytest.mark.parametrize("family,overrides", FAMILIES, ids=["llama", "qwen2", "qwen3", "mistral-window"])
 @pytest.mark.parametrize("scheme", ["dense", "w4a16", "w8a8", "llm_int8", "llm_int8_guarded"])
 def test_native_decode_matches_module_path(tokenizer, family, overrides, scheme):
     model = build_model(checkpoint(family, scheme, len(tokenizer), **overrides)[0])
@@ -142,7 +145,7 @@ def test_native_decode_matches_module_path(tokenizer, family, overrides, scheme)
     torch.testing.assert_close(cache.v, ref_cache.v, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("family,overrides", FAMILIES, ids=["llama", "qwen2", "mistral-window"])
+@pytest.mark.parametrize("family,overrides", FAMILIES, ids=["llama", "qwen2", "qwen3", "mistral-window"])
 def test_native_decode_matches_transformers_on_the_whole_history(tokenizer, family, overrides):
     """Each row's last logits equal transformers' logits for the row's whole token history
     (no cache): positions, block tables and windows mean what they should."""

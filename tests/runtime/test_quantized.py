@@ -77,7 +77,7 @@ def quantized_pair(family: str, scheme: str, vocab: int, **overrides):
     return RuntimeCheckpoint(config, state, quantized), model
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("scheme", ["w4a16", "w8a8", "llm_int8"])
 def test_quantized_logits_match_dequantized_reference(tokenizer, family, scheme):
     ckpt, ref = quantized_pair(family, scheme, len(tokenizer))
@@ -126,7 +126,7 @@ def test_exported_checkpoint_runs_like_in_memory(tmp_path, tokenizer, scheme):
     assert loaded.generate("Hello", SamplingParams(max_tokens=3, temperature=0))[0].token_ids
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("scheme", ["dense", "w4a16", "w8a8", "llm_int8"])
 @pytest.mark.parametrize("kernels", ["reference", "native"])
 def test_fused_projections_compute_the_same_logits(tokenizer, family, scheme, kernels):

@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2) built from a checkpoint's tensors.
+"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) built from a checkpoint's tensors.
 
 Our own implementation, not transformers' modules: RMSNorm, RoPE, grouped-query
 attention through ``scaled_dot_product_attention`` (``enable_gqa``, no head loops) or,
@@ -7,7 +7,7 @@ optional tied embeddings. Two forwards share the layers: a cache-free one over p
 ``[B, T]`` batches (scoring) and an engine step over the paged KV cache (every row's
 tokens flattened, each at its own positions; ``runtime/step_batch.py``). The native
 one-call decode step over the same model objects lives in ``runtime/native_decode.py``. Family differences come from the table in
-``compress/architectures.py`` (module names, q/k/v bias, sliding window). Every
+``compress/architectures.py`` (module names, q/k/v bias, q/k norms, sliding window). Every
 linear is a runtime layer class (``compress/runtime/layers.py``) chosen by the
 checkpoint's scheme for that module, so dense and packed weights run the same code.
 """
@@ -57,12 +57,15 @@ class Attention(nn.Module):
     the paged KV cache (``runtime/paged_attention.py``)."""
 
     def __init__(self, q_proj, k_proj, v_proj, o_proj, n_heads: int, n_kv_heads: int, head_dim: int,
-                 fuse: bool = True):
+                 fuse: bool = True, q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None):
         super().__init__()
         self.qkv_proj = fuse_linears([q_proj, k_proj, v_proj]) if fuse else None
         if self.qkv_proj is None:
             self.q_proj, self.k_proj, self.v_proj = q_proj, k_proj, v_proj
         self.o_proj = o_proj
+        if (q_norm is None) != (k_norm is None):
+            raise ValueError("q_norm and k_norm come together (both or neither)")
+        self.q_norm, self.k_norm = q_norm, k_norm   # Qwen3: per-head RMSNorms before RoPE
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.backend = "native"
         self.decode_op = decode_attention_op(self.backend)
@@ -78,11 +81,16 @@ class Attention(nn.Module):
         nq, nkv, d = self.n_heads, self.n_kv_heads, self.head_dim
         if self.qkv_proj is not None:
             qkv = self.qkv_proj(x).view(*lead, nq + 2 * nkv, d)
-            qk = apply_rope(qkv[..., :nq + nkv, :], cos, sin)  # one rotation for q and k
+            qk = qkv[..., :nq + nkv, :]
+            if self.q_norm is not None:
+                qk = torch.cat([self.q_norm(qkv[..., :nq, :]), self.k_norm(qkv[..., nq:nq + nkv, :])], dim=-2)
+            qk = apply_rope(qk, cos, sin)  # one rotation for q and k
             return qk[..., :nq, :], qk[..., nq:, :], qkv[..., nq + nkv:, :]
         q = self.q_proj(x).view(*lead, nq, d)
         k = self.k_proj(x).view(*lead, nkv, d)
         v = self.v_proj(x).view(*lead, nkv, d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def forward(self, x, cos, sin, mask, is_causal: bool):
@@ -321,9 +329,11 @@ def build_model(ckpt, dtype: torch.dtype = torch.float32, device="cpu", kernels:
     layers = []
     for i, window in enumerate(layer_windows(config, arch)):
         p = arch.block_prefix(i) + "."
+        qk_norms = ({"q_norm": RMSNorm(tensors.dense(p + arch.q_norm + ".weight"), eps),
+                     "k_norm": RMSNorm(tensors.dense(p + arch.k_norm + ".weight"), eps)} if arch.qk_norm else {})
         attn = Attention(*(tensors.linear(p + name)
                            for name in (arch.q_proj, arch.k_proj, arch.v_proj, arch.o_proj)),
-                         n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, fuse=fuse)
+                         n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, fuse=fuse, **qk_norms)
         mlp = MLP(*(tensors.linear(p + name) for name in (arch.gate_proj, arch.up_proj, arch.down_proj)),
                   fuse=fuse)
         layers.append(prepared(DecoderLayer(attn, mlp, RMSNorm(tensors.dense(p + arch.attn_norm + ".weight"), eps),
