@@ -185,7 +185,7 @@ class LLMEngine:
             spec_outputs = self.speculative.step(self, batch.seqs, batch.num_new_tokens)
             if spec_outputs is not None:
                 return outputs + spec_outputs
-        greedy = all(s.params.greedy and not s.params.penalized for s in batch.seqs)
+        greedy = all(s.params.greedy and not s.params.modifies_logits for s in batch.seqs)
         t0 = time.perf_counter()
         out = self.runner.run(batch.seqs, batch.num_new_tokens, greedy=greedy)
         seconds = time.perf_counter() - t0

@@ -1,5 +1,5 @@
-"""Sampling parameters and the batched sampler (penalties, greedy, temperature, top-k,
-top-p), and the log-probabilities a request asks for.
+"""Sampling parameters and the batched sampler (penalties, logit bias, greedy, temperature,
+top-k, top-p), and the log-probabilities a request asks for.
 
 Each request may carry its own seed: its draws then come from its own
 ``torch.Generator`` (held by its sequence), so its output does not depend on what else
@@ -28,7 +28,9 @@ class SamplingParams:
     positive logits and multiplies the negative ones of every token already in the prompt
     or the output; ``frequency_penalty`` subtracts itself times the number of times a token
     was generated so far, ``presence_penalty`` itself once for any token generated (both
-    in [-2, 2], 0 = off; negative values favour repeats)."""
+    in [-2, 2], 0 = off; negative values favour repeats). ``logit_bias`` (OpenAI's): token
+    id -> a bias in [-100, 100] added to that token's logit after the penalties (-100 bans
+    the token in effect, 100 all but forces it)."""
     max_tokens: int = 16
     temperature: float = 1.0
     top_k: int = 0
@@ -41,6 +43,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self):
         if self.max_tokens is None or int(self.max_tokens) < 1:
@@ -62,11 +65,26 @@ class SamplingParams:
                 raise ValueError(f"SamplingParams.{name} must be in [-2, 2], got {getattr(self, name)}")
         if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
             raise ValueError(f"SamplingParams.repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
+        bias = {}
+        for token, value in (self.logit_bias or {}).items():
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise ValueError(f"SamplingParams.logit_bias: token ids must be ints >= 0, got {token!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100.0 <= value <= 100.0:
+                raise ValueError(f"SamplingParams.logit_bias[{token}] must be a number in [-100, 100], got {value!r}")
+            if value != 0:
+                bias[token] = float(value)
+        self.logit_bias = bias or None
 
     @property
     def penalized(self) -> bool:
         """Whether any penalty is on (the logits then depend on the tokens so far)."""
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    @property
+    def modifies_logits(self) -> bool:
+        """Whether penalties or a logit bias change the model's logits before sampling
+        (greedy then takes the argmax of the changed ones, not the model's)."""
+        return self.penalized or self.logit_bias is not None
 
     @property
     def greedy(self) -> bool:
@@ -102,6 +120,13 @@ class BatchSampler:
             self.presence = torch.tensor([p.presence_penalty for p in params], device=self.device)
             self.frequency = torch.tensor([p.frequency_penalty for p in params], device=self.device)
             self.repetition = torch.tensor([p.repetition_penalty for p in params], device=self.device)
+        # logit_bias as (rows, token ids, biases): one index_put_ a step
+        entries = [(r, t, b) for r, p in enumerate(params) for t, b in (p.logit_bias or {}).items()]
+        self.bias = None
+        if entries:
+            rows, tokens, values = zip(*entries)
+            self.bias = (torch.tensor(rows, device=self.device), torch.tensor(tokens, device=self.device),
+                         torch.tensor(values, device=self.device))
 
     def __call__(self, logits: torch.Tensor,
                  histories: list[tuple[list[int], list[int]]] | None = None) -> torch.Tensor:
@@ -112,6 +137,8 @@ class BatchSampler:
                 raise ValueError("a penalized batch needs each row's (prompt ids, output ids)")
             counts, seen = token_counts(histories, self.penalized, logits.shape[-1], logits.device)
             logits = apply_penalties(logits, counts, seen, self.presence, self.frequency, self.repetition)
+        if self.bias is not None:
+            logits = add_logit_bias(logits, *self.bias)
         return sample(logits, self.temperature, self.top_k, self.top_p, self.generators,
                       all_greedy=self.all_greedy, need_filter=self.need_filter)
 
@@ -133,6 +160,16 @@ def token_counts(histories: list[tuple[list[int], list[int]]], rows: list[bool],
         if prompt:
             seen[r, torch.as_tensor(prompt, dtype=torch.int64, device=device)] = True
     return counts, seen
+
+
+def add_logit_bias(logits: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor,
+                   values: torch.Tensor) -> torch.Tensor:
+    """``logits [B, V]`` with ``values[i]`` added at ``(rows[i], tokens[i])`` (a new tensor;
+    the other entries keep their bits)."""
+    if tokens.numel() and int(tokens.max()) >= logits.shape[-1]:
+        raise ValueError(f"logit_bias names token {int(tokens.max())}, outside the vocabulary of "
+                         f"{logits.shape[-1]}")
+    return logits.index_put((rows, tokens), values.to(logits.dtype), accumulate=True)
 
 
 def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, seen: torch.Tensor, presence: torch.Tensor,

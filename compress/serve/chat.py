@@ -16,7 +16,7 @@ from compress.serve.chat_template import default_stops, render_chat
 from compress.serve.generation import ClientGone, Generation
 from compress.serve.logprobs import chat_logprobs
 from compress.serve.protocol import APIError, ChatCompletionRequest
-from compress.serve.sampling import sampling_params
+from compress.serve.sampling import check_logit_bias, sampling_params
 from compress.serve.sse import SSE_DONE, GuardedStream, StopHoldback, sse_event
 
 
@@ -34,6 +34,7 @@ def chat_prompt_ids(state, messages: list[dict], add_generation_prompt: bool = T
 
 async def create_chat_completion(state, body: ChatCompletionRequest, request):
     state.check_model(body.model)
+    check_logit_bias(state, body)
     ids = chat_prompt_ids(state, body.plain_messages(), body.add_generation_prompt, body.chat_template_kwargs)
     ctx = state.max_seq_len
     if len(ids) >= ctx:

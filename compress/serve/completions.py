@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from compress.serve.generation import ClientGone, Generation
 from compress.serve.logprobs import TokenLogprob, completion_logprobs
 from compress.serve.protocol import APIError, CompletionRequest
-from compress.serve.sampling import sampling_params
+from compress.serve.sampling import check_logit_bias, sampling_params
 from compress.serve.sse import SSE_DONE, GuardedStream, StopHoldback, sse_event
 
 
@@ -73,6 +73,7 @@ def prepare(state, body: CompletionRequest) -> list[_Choice]:
 async def create_completion(state, body: CompletionRequest, request):
     """The JSON answer, or (``stream``) an async iterator of SSE lines."""
     state.check_model(body.model)
+    check_logit_bias(state, body)
     choices = prepare(state, body)
     rid = f"cmpl-{uuid.uuid4().hex}"
     state.admit(len(choices))

@@ -6,7 +6,7 @@ OpenAI's ``{"error": {"message", "type", "param", "code"}}`` with ``param`` nami
 the field (``messages.1.content`` for nested ones). Models are strict (no string to
 number coercion) and forbid unknown fields. Fields OpenAI defines that the runtime
 does not implement are accepted only at their neutral value (``n=1``,
-``logit_bias={}``, ``tools=[]``, ``response_format={"type": "text"}``, ...), so a
+``tools=[]``, ``response_format={"type": "text"}``, ...), so a
 client that asks for them is told, not ignored. ``null`` for an optional field means its
 default, as in OpenAI's API (clients that build bodies from dicts send unset fields so).
 """
@@ -26,7 +26,6 @@ RENDER_ARGUMENTS = frozenset({"messages", "add_generation_prompt", "tokenize", "
 # 400 says otherwise). A request may send them only where they ask for nothing.
 NEUTRAL_ONLY: dict[str, tuple[tuple, str]] = {
     "n": ((1,), "only n=1 is supported"),
-    "logit_bias": ((None, {}), "logit_bias is not supported"),
     "response_format": ((None, {"type": "text"}), 'only {"type": "text"} is supported (no JSON mode or schema)'),
     "tools": ((None, []), "tools are not supported (no function calling)"),
     "tool_choice": ((None, "none", "auto"), 'only "none" or "auto" without tools is supported'),
@@ -104,6 +103,19 @@ class _SamplingFields(_Strict):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     repetition_penalty: float = Field(1.0, gt=0.0)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_by_token_id(cls, v):
+        for key, bias in (v or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"keys are token ids as strings (as \"50256\"), got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"the bias of token {key} must be in [-100, 100], got {bias}")
+        return v
+
+    def logit_bias_by_id(self) -> dict[int, float]:
+        return {int(k): float(b) for k, b in (self.logit_bias or {}).items()}
 
     @field_validator("stop")
     @classmethod

@@ -2,7 +2,8 @@
 
 OpenAI's ``top_k`` has no such field; ``-1`` (vLLM's "off") and ``0`` both mean no limit.
 ``temperature=0`` is greedy. ``presence_penalty`` / ``frequency_penalty`` (OpenAI's) and
-``repetition_penalty`` (vLLM's extension) become the runtime's penalties. ``logprobs=k``
+``repetition_penalty`` (vLLM's extension) become the runtime's penalties, ``logit_bias``
+(token id strings -> [-100, 100]) its logit bias. ``logprobs=k``
 asks the engine for each generated token's logprob and its ``k`` most likely alternatives.
 """
 from __future__ import annotations
@@ -15,7 +16,12 @@ def sampling_params(body, max_tokens: int, stops: list[str], logprobs: int | Non
                   top_p=float(body.top_p), seed=body.seed, stop=list(stops),
                   stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos,
                   presence_penalty=float(body.presence_penalty), frequency_penalty=float(body.frequency_penalty),
-                  repetition_penalty=float(body.repetition_penalty))
+                  repetition_penalty=float(body.repetition_penalty), logit_bias=body.logit_bias_by_id())
     if logprobs is not None:
         kwargs["logprobs"] = int(logprobs)
     return SamplingParams(**kwargs)
+
+
+def check_logit_bias(state, body) -> None:
+    """A 400 naming ``logit_bias`` where it names a token outside the model's vocabulary."""
+    state.check_token_ids(sorted(body.logit_bias_by_id()), "logit_bias")

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from compress.runtime import SamplingParams
-from compress.runtime.sampling import BatchSampler, apply_penalties, filter_logits, sample, token_counts
+from compress.runtime.sampling import BatchSampler, add_logit_bias, apply_penalties, filter_logits, sample, token_counts
 
 PROMPT = "The quick brown fox"
 
@@ -58,7 +58,9 @@ def test_greedy_rows_mixed_with_sampled_rows():
 @pytest.mark.parametrize("kwargs", [dict(max_tokens=0), dict(temperature=-1), dict(top_p=0), dict(top_p=1.5),
                                     dict(top_k=-2), dict(presence_penalty=2.5), dict(frequency_penalty=-2.1),
                                     dict(presence_penalty=float("nan")), dict(repetition_penalty=0),
-                                    dict(repetition_penalty=float("inf"))])
+                                    dict(repetition_penalty=float("inf")), dict(logit_bias={-1: 1.0}),
+                                    dict(logit_bias={"5": 1.0}), dict(logit_bias={5: 100.5}),
+                                    dict(logit_bias={5: float("nan")})])
 def test_bad_sampling_params(kwargs):
     with pytest.raises(ValueError, match="SamplingParams"):
         SamplingParams(**kwargs)
@@ -120,3 +122,36 @@ def test_penalized_greedy_matches_recompute_and_ignores_its_batch(llm, penalties
     assert llm.generate([PROMPT, "Hello there"], [p, other])[0].token_ids == alone.token_ids
     plain = llm.generate(PROMPT, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0]
     assert plain.token_ids != alone.token_ids
+
+
+def test_logit_bias_by_hand():
+    """Row 0: +3 on token 0 and -100 on token 1 (its argmax); row 1: no bias (its logits
+    unchanged bit for bit). Zero biases are dropped; a token past the vocabulary is named."""
+    logits = torch.tensor([[1.0, 4.0, -2.0, 3.0], [1.0, 4.0, -2.0, 3.0]])
+    assert SamplingParams(logit_bias={2: 0.0}).logit_bias is None
+    sampler = BatchSampler([SamplingParams(temperature=0, logit_bias={0: 3.0, 1: -100}), SamplingParams(temperature=0)])
+    got = add_logit_bias(logits, *sampler.bias)
+    assert got[0].tolist() == [4.0, -96.0, -2.0, 3.0] and torch.equal(got[1], logits[1])
+    assert sampler(logits).tolist() == [0, 1]
+    with pytest.raises(ValueError, match="logit_bias names token 9, outside the vocabulary of 4"):
+        BatchSampler([SamplingParams(logit_bias={9: 1.0})])(logits[:1])
+
+
+def test_biased_greedy_matches_recompute_and_ignores_its_batch(llm):
+    """A greedy request that bans each plain greedy token in turn, and favours another:
+    the engine (native decode steps, no greedy fast path) gives the recompute's tokens,
+    alone and batched with a sampled request."""
+    plain = llm.generate(PROMPT, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))[0]
+    bias = {plain.token_ids[0]: -100.0, plain.token_ids[1]: -100.0, 7: 5.0}
+    p = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logit_bias=bias)
+    alone = llm.generate(PROMPT, p)[0]
+    ids = list(alone.prompt_token_ids)
+    for _ in range(8):
+        logits = llm.logits([ids])[0][-1].float().clone()
+        for t, b in bias.items():
+            logits[t] += b
+        ids.append(int(logits.argmax()))
+    assert alone.token_ids == ids[len(alone.prompt_token_ids):]
+    assert plain.token_ids[0] not in alone.token_ids and alone.token_ids != plain.token_ids
+    other = SamplingParams(max_tokens=6, temperature=1.0, seed=3, ignore_eos=True)
+    assert llm.generate([PROMPT, "Hello there"], [p, other])[0].token_ids == alone.token_ids

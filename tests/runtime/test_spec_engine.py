@@ -117,6 +117,18 @@ def test_a_penalized_request_is_decoded_without_speculation(target, llama_dir):
     assert llm.engine.stats()["spec_steps"] > 0
 
 
+def test_a_biased_request_is_decoded_without_speculation(target, llama_dir):
+    """A logit bias changes the target's distribution, which the verify step does not
+    apply: a step with a biased row runs as a plain step (the plain engine's tokens)."""
+    plain = target.generate(PROMPTS[:1], greedy())[0].token_ids
+    p = greedy(logit_bias={plain[0]: -100.0, plain[2]: -100.0})
+    want = [o.token_ids for o in target.generate(PROMPTS[:2], p)]
+    assert want[0] != plain
+    llm = LLM(llama_dir, speculative={"model": str(llama_dir), "num_speculative_tokens": 3})
+    assert [o.token_ids for o in llm.generate(PROMPTS[:2], p)] == want
+    assert llm.engine.stats()["spec_steps"] == 0
+
+
 def test_self_draft_keeps_whole_runs(llama_dir):
     llm = spec_llm(llama_dir, llama_dir, 3)
     llm.generate(PROMPTS[:2], greedy(max_tokens=17))

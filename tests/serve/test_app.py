@@ -57,6 +57,26 @@ def test_penalties_reach_the_runtime(server, embedded_llm):
     assert out.choices[0].text == want.text and want.token_ids != plain.token_ids
 
 
+def test_logit_bias_reaches_the_runtime(server, embedded_llm):
+    """OpenAI's logit_bias (token id strings): the server's greedy text is the runtime's
+    with the same bias, and a banned token never appears."""
+    from compress.runtime import SamplingParams
+    plain = embedded_llm.generate("Return the", SamplingParams(max_tokens=16, temperature=0))[0]
+    banned = plain.token_ids[0]
+    for call in ("completions", "chat"):
+        c = client(server)
+        kw = dict(model=MODEL_NAME, max_tokens=16, temperature=0, logit_bias={str(banned): -100, "42": 2.5})
+        if call == "completions":
+            text = c.completions.create(prompt="Return the", **kw).choices[0].text
+            want = embedded_llm.generate("Return the", SamplingParams(max_tokens=16, temperature=0,
+                                                                      logit_bias={banned: -100, 42: 2.5}))[0]
+            assert text == want.text and banned not in want.token_ids
+        else:
+            reply = c.chat.completions.create(messages=[{"role": "user", "content": "hi"}], **kw)
+            ids = server.state.encode(reply.choices[0].message.content, add_special_tokens=False)
+            assert banned not in ids
+
+
 def test_streamed_text_equals_the_whole_answer(server):
     c = client(server)
     whole = c.completions.create(model=MODEL_NAME, prompt="Return a list of", max_tokens=20, temperature=0)
@@ -206,6 +226,9 @@ def test_health_and_metrics(server):
     ({"prompt": "a", "logprobs": 99}, "logprobs"),
     ({"prompt": "a", "max_tokens": "3"}, "max_tokens"),
     ({"prompt": "a", "frobnicate": True}, "frobnicate"),
+    ({"prompt": "a", "logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"prompt": "a", "logit_bias": {"5": 101}}, "logit_bias"),
+    ({"prompt": "a", "logit_bias": {"999999": 1}}, "logit_bias"),
     ({"prompt": []}, "prompt"),
     ({"prompt": [5, 999999]}, "prompt"),
     ({"prompt": [1] * 1024}, "prompt"),

@@ -84,7 +84,7 @@ class SpeculativeDecoder:
         in the same pass as they would in a plain step. None when the step has no decode
         row or a row with a penalty (the engine runs it as usual)."""
         decode = [r for r, (s, n) in enumerate(zip(seqs, num_new_tokens)) if self.is_decode(s, n)]
-        if not decode or any(s.params.penalized for s in seqs):  # penalties: the plain step samples
+        if not decode or any(s.params.modifies_logits for s in seqs):  # penalties, bias: the plain step samples
             return None
         bm = engine.block_manager
         ks = [self._room(engine, seqs[r]) for r in decode]
