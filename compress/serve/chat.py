@@ -1,10 +1,12 @@
-"""``POST /v1/chat/completions``: messages through the chat template, one reply.
+"""``POST /v1/chat/completions``: messages through the chat template, ``n`` replies.
 
 The prompt is :func:`~compress.serve.chat_template.render_chat` of the messages, encoded
 without adding special tokens (the template holds them). ``max_tokens`` (or
-``max_completion_tokens``) defaults to the rest of the context. Streaming sends the
-assistant role first, then content deltas, then an empty delta with the finish reason,
-then (``stream_options.include_usage``) a chunk with no choices and the usage.
+``max_completion_tokens``) defaults to the rest of the context. ``n`` replies are ``n``
+sequences of the one prompt (choice ``index`` j; a seeded request's j-th draws from
+seed + j). Streaming sends each choice's assistant role first, then content deltas, then
+an empty delta with the finish reason, then (``stream_options.include_usage``) a chunk
+with no choices and the usage.
 """
 from __future__ import annotations
 
@@ -51,62 +53,64 @@ async def create_chat_completion(state, body: ChatCompletionRequest, request):
                        code="context_length_exceeded")
     top = (body.top_logprobs or 0) if body.logprobs else None
     stops = body.stop_list() + default_stops(state.tokenizer)
-    params = sampling_params(body, max_tokens, stops, top)
+    n = body.n
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    state.admit(1)
-    gen = Generation(state, rid, 1, request)
+    state.admit(n)
+    gen = Generation(state, rid, n, request)
     try:
-        gen.start(0, ids, params, top)
+        for j in range(n):   # n samples of one conversation, n sequences
+            gen.start(j, ids, sampling_params(body, max_tokens, stops, top, j), top)
     except BaseException:
         gen.close()
-        state.release(1)
+        state.release(n)
         raise
     if body.stream:
         return GuardedStream(_stream(state, body, rid, gen, len(ids), stops),
-                             lambda: (gen.close(), state.release(1)))
-    tokens, lps, text, reason = [], [], "", None
+                             lambda: (gen.close(), state.release(n)))
+    tokens, lps, texts, reasons = [0] * n, [[] for _ in range(n)], [""] * n, [None] * n
     try:
         while gen.running:
-            _, item = await gen.next()
-            tokens.extend(item.new_token_ids)
-            lps.extend(item.new_logprobs)
-            text = item.text
+            j, item = await gen.next()
+            tokens[j] += len(item.new_token_ids)
+            lps[j].extend(item.new_logprobs)
+            texts[j] = item.text
             if item.finished:
-                reason = item.finish_reason or "length"
+                reasons[j] = item.finish_reason or "length"
     finally:
         gen.close()
-        state.release(1)
+        state.release(n)
     return {"id": rid, "object": "chat.completion", "created": int(time.time()),
             "model": state.config.model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": chat_logprobs(lps, state.token_text) if body.logprobs else None,
-                         "finish_reason": reason or "length"}],
-            "usage": {"prompt_tokens": len(ids), "completion_tokens": len(tokens),
-                      "total_tokens": len(ids) + len(tokens)}}
+            "choices": [{"index": j, "message": {"role": "assistant", "content": texts[j]},
+                         "logprobs": chat_logprobs(lps[j], state.token_text) if body.logprobs else None,
+                         "finish_reason": reasons[j] or "length"} for j in range(n)],
+            "usage": {"prompt_tokens": len(ids), "completion_tokens": sum(tokens),
+                      "total_tokens": len(ids) + sum(tokens)}}
 
 
 async def _stream(state, body, rid, gen: Generation, prompt_tokens: int, stops: list[str]):
     created = int(time.time())
 
-    def chunk(delta: dict, finish_reason=None, logprobs=None):
+    def chunk(index: int, delta: dict, finish_reason=None, logprobs=None):
         return sse_event({"id": rid, "object": "chat.completion.chunk", "created": created,
                           "model": state.config.model_name,
-                          "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
+                          "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
                                        "finish_reason": finish_reason}]})
 
-    hold = StopHoldback(stops)
+    holds = [StopHoldback(stops) for _ in range(body.n)]
     completion_tokens = 0
     try:
-        yield chunk({"role": "assistant", "content": ""})
+        for j in range(body.n):
+            yield chunk(j, {"role": "assistant", "content": ""})
         while gen.running:
-            _, item = await gen.next()
+            j, item = await gen.next()
             completion_tokens += len(item.new_token_ids)
-            delta = hold.release(item.text, item.finished)
+            delta = holds[j].release(item.text, item.finished)
             lps = chat_logprobs(item.new_logprobs, state.token_text) if body.logprobs else None
             if delta or (lps and lps["content"]):
-                yield chunk({"content": delta}, logprobs=lps)
+                yield chunk(j, {"content": delta}, logprobs=lps)
             if item.finished:
-                yield chunk({}, item.finish_reason or "length")
+                yield chunk(j, {}, item.finish_reason or "length")
         if body.stream_options is not None and body.stream_options.include_usage:
             yield sse_event({"id": rid, "object": "chat.completion.chunk", "created": created,
                              "model": state.config.model_name, "choices": [],

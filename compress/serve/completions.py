@@ -1,7 +1,7 @@
 """``POST /v1/completions``: prompts (text or token ids) to completions, whole or streamed.
 
-Each prompt is one sequence in the engine and one choice in the answer (``index`` = the
-prompt's position). ``echo`` puts the prompt in front of the text; with ``logprobs=k`` it
+Each prompt is ``n`` sequences in the engine and ``n`` choices in the answer (``index`` =
+the prompt's position times ``n`` plus the sample's, OpenAI's order). ``echo`` puts the prompt in front of the text; with ``logprobs=k`` it
 also scores the prompt in one cache-free forward before generating, so the answer's
 ``token_logprobs`` cover prompt and completion (the prompt's first token: ``null``).
 That is what lm-eval's ``local-completions`` sends for loglikelihood tasks
@@ -36,6 +36,7 @@ class _Choice:
     prompt_logprobs: list[TokenLogprob] | None = None
     text: str = ""
     finish_reason: str | None = None
+    sample_index: int = 0     # which of the prompt's n choices (the first counts the prompt's usage)
 
 
 def prepare(state, body: CompletionRequest) -> list[_Choice]:
@@ -66,7 +67,7 @@ def prepare(state, body: CompletionRequest) -> list[_Choice]:
                                param="max_tokens", code="context_length_exceeded")
         else:
             max_tokens = min(16, ctx - len(ids))
-        choices.append(_Choice(text, ids, max_tokens))
+        choices.extend(_Choice(text, ids, max_tokens, sample_index=j) for j in range(body.n))
     return choices
 
 
@@ -79,15 +80,17 @@ async def create_completion(state, body: CompletionRequest, request):
     state.admit(len(choices))
     gen = Generation(state, rid, len(choices), request, watch_disconnect=True)
     try:
-        if body.echo and body.logprobs is not None:
-            for i, c in enumerate(choices):
-                gen.score(i, c.prompt_ids, body.logprobs)
-            for i, result in (await gen.scores(list(range(len(choices))))).items():
-                choices[i].prompt_logprobs = result.logprobs
+        if body.echo and body.logprobs is not None:   # each prompt scored once, for its n choices
+            firsts = [i for i, c in enumerate(choices) if c.sample_index == 0]
+            for i in firsts:
+                gen.score(i, choices[i].prompt_ids, body.logprobs)
+            for i, result in (await gen.scores(firsts)).items():
+                for c in choices[i:i + body.n]:
+                    c.prompt_logprobs = result.logprobs
         stops = body.stop_list()
         for i, c in enumerate(choices):
             if c.max_tokens > 0:
-                gen.start(i, c.prompt_ids, sampling_params(body, c.max_tokens, stops, body.logprobs),
+                gen.start(i, c.prompt_ids, sampling_params(body, c.max_tokens, stops, body.logprobs, c.sample_index),
                           body.logprobs)
             else:
                 c.finish_reason = "length"
@@ -125,7 +128,7 @@ def _logprobs_of(state, body, c: _Choice, generated_from: int = 0, with_prompt: 
 
 
 def _usage(choices: list[_Choice]) -> dict:
-    prompt = sum(len(c.prompt_ids) for c in choices)
+    prompt = sum(len(c.prompt_ids) for c in choices if c.sample_index == 0)
     completion = sum(len(c.token_ids) for c in choices)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 

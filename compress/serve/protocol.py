@@ -5,8 +5,7 @@ wrong type or out of range becomes an :class:`APIError` (HTTP 400) whose body is
 OpenAI's ``{"error": {"message", "type", "param", "code"}}`` with ``param`` naming
 the field (``messages.1.content`` for nested ones). Models are strict (no string to
 number coercion) and forbid unknown fields. Fields OpenAI defines that the runtime
-does not implement are accepted only at their neutral value (``n=1``,
-``tools=[]``, ``response_format={"type": "text"}``, ...), so a
+does not implement are accepted only at their neutral value (``tools=[]``, ``response_format={"type": "text"}``, ...), so a
 client that asks for them is told, not ignored. ``null`` for an optional field means its
 default, as in OpenAI's API (clients that build bodies from dicts send unset fields so).
 """
@@ -18,6 +17,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MAX_LOGPROBS = 20      # top alternatives per token (vLLM's default bound; OpenAI's is 5)
+MAX_N = 128            # choices a request may ask for (OpenAI's bound)
 # what the server passes to the chat template itself: not for chat_template_kwargs
 RENDER_ARGUMENTS = frozenset({"messages", "add_generation_prompt", "tokenize", "bos_token", "tools",
                               "documents", "return_dict", "conversation", "chat_template"})
@@ -25,7 +25,6 @@ RENDER_ARGUMENTS = frozenset({"messages", "add_generation_prompt", "tokenize", "
 # OpenAI's fields that the runtime does not implement: field -> (its neutral values, what a
 # 400 says otherwise). A request may send them only where they ask for nothing.
 NEUTRAL_ONLY: dict[str, tuple[tuple, str]] = {
-    "n": ((1,), "only n=1 is supported"),
     "response_format": ((None, {"type": "text"}), 'only {"type": "text"} is supported (no JSON mode or schema)'),
     "tools": ((None, []), "tools are not supported (no function calling)"),
     "tool_choice": ((None, "none", "auto"), 'only "none" or "auto" without tools is supported'),
@@ -86,7 +85,7 @@ class _SamplingFields(_Strict):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: int = Field(1, ge=1, le=MAX_N)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None

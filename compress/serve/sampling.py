@@ -5,15 +5,20 @@ OpenAI's ``top_k`` has no such field; ``-1`` (vLLM's "off") and ``0`` both mean 
 ``repetition_penalty`` (vLLM's extension) become the runtime's penalties, ``logit_bias``
 (token id strings -> [-100, 100]) its logit bias. ``logprobs=k``
 asks the engine for each generated token's logprob and its ``k`` most likely alternatives.
+``n`` choices of one prompt are ``n`` sequences in the engine.
 """
 from __future__ import annotations
 
 from compress.runtime import SamplingParams
 
 
-def sampling_params(body, max_tokens: int, stops: list[str], logprobs: int | None) -> SamplingParams:
+def sampling_params(body, max_tokens: int, stops: list[str], logprobs: int | None,
+                    sample_index: int = 0) -> SamplingParams:
+    """``sample_index``: which of the request's ``n`` choices (a seeded request's choice j
+    draws from seed + j, as vLLM's, so the n samples differ and each is reproducible)."""
+    seed = None if body.seed is None else (body.seed + sample_index) % 2**63
     kwargs = dict(max_tokens=max_tokens, temperature=float(body.temperature), top_k=max(0, body.top_k),
-                  top_p=float(body.top_p), seed=body.seed, stop=list(stops),
+                  top_p=float(body.top_p), seed=seed, stop=list(stops),
                   stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos,
                   presence_penalty=float(body.presence_penalty), frequency_penalty=float(body.frequency_penalty),
                   repetition_penalty=float(body.repetition_penalty), logit_bias=body.logit_bias_by_id())

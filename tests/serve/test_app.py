@@ -77,6 +77,40 @@ def test_logit_bias_reaches_the_runtime(server, embedded_llm):
             assert banned not in ids
 
 
+def test_n_choices(server, embedded_llm):
+    """n choices a prompt (OpenAI's index order: prompt i's j-th is i * n + j): seeded, the
+    j-th is the runtime's sample with seed + j, so the n differ; greedy, they are equal; the
+    prompt's tokens count once in the usage; streamed chat gives the same n replies."""
+    from compress.runtime import SamplingParams
+    c = client(server)
+    out = c.completions.create(model=MODEL_NAME, prompt=["Return the", "Hello"], n=3, max_tokens=8,
+                               temperature=1.0, seed=11)
+    texts = [ch.text for ch in sorted(out.choices, key=lambda ch: ch.index)]
+    for i, prompt in enumerate(["Return the", "Hello"]):
+        for j in range(3):
+            want = embedded_llm.generate(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=11 + j))[0]
+            assert texts[i * 3 + j] == want.text
+    assert len(set(texts[:3])) > 1
+    prompt_tokens = sum(len(server.state.encode(p, True)) for p in ["Return the", "Hello"])
+    assert out.usage.prompt_tokens == prompt_tokens
+    greedy = c.completions.create(model=MODEL_NAME, prompt="Return the", n=2, max_tokens=8, temperature=0)
+    assert greedy.choices[0].text == greedy.choices[1].text
+    echo = c.completions.create(model=MODEL_NAME, prompt="Return the", n=2, max_tokens=1, temperature=0, echo=True,
+                                logprobs=1)    # the prompt scored once, its logprobs in both choices
+    one = c.completions.create(model=MODEL_NAME, prompt="Return the", max_tokens=1, temperature=0, echo=True,
+                               logprobs=1)
+    assert [ch.logprobs.token_logprobs for ch in echo.choices] == [one.choices[0].logprobs.token_logprobs] * 2
+    kw = dict(model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], n=3, max_tokens=8, temperature=1.0,
+              seed=5)
+    whole = c.chat.completions.create(**kw)
+    assert [ch.index for ch in whole.choices] == [0, 1, 2] and len({ch.message.content for ch in whole.choices}) > 1
+    streamed = [""] * 3
+    for event in c.chat.completions.create(stream=True, **kw):
+        for ch in event.choices:
+            streamed[ch.index] += ch.delta.content or ""
+    assert streamed == [ch.message.content for ch in whole.choices]
+
+
 def test_streamed_text_equals_the_whole_answer(server):
     c = client(server)
     whole = c.completions.create(model=MODEL_NAME, prompt="Return a list of", max_tokens=20, temperature=0)
@@ -222,7 +256,7 @@ def test_health_and_metrics(server):
     ({"prompt": "a", "temperature": -1}, "temperature"),
     ({"prompt": "a", "top_p": 0}, "top_p"),
     ({"prompt": "a", "top_k": -5}, "top_k"),
-    ({"prompt": "a", "n": 2}, "n"),
+    ({"prompt": "a", "n": 0}, "n"),
     ({"prompt": "a", "logprobs": 99}, "logprobs"),
     ({"prompt": "a", "max_tokens": "3"}, "max_tokens"),
     ({"prompt": "a", "frobnicate": True}, "frobnicate"),
