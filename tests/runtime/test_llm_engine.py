@@ -151,6 +151,17 @@ def test_a_tiny_pool_preempts_and_still_gives_the_same_tokens(llm):
     assert engine.stats()["num_preemptions"] > 0 and engine.stats()["kv_blocks_used"] == 0
 
 
+def recomputed_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """``n`` greedy tokens after ``prompt``, each from a cache-free forward over the whole
+    history so far."""
+    ids = list(prompt)
+    for _ in range(n):
+        with torch.no_grad():
+            hidden = model(torch.tensor([ids]), torch.arange(len(ids)).unsqueeze(0))
+        ids.append(int(model.logits(hidden[:, -1]).argmax()))
+    return ids[len(prompt):]
+
+
 @pytest.mark.parametrize("budget", [1, 3, 16])
 def test_sliding_window_with_chunked_prefill(window_model, budget):
     rng = random.Random(budget)
@@ -160,12 +171,7 @@ def test_sliding_window_with_chunked_prefill(window_model, budget):
     assert got == alone(window_model, reqs)
     # and alone is the cache-free forward's greedy decoding (recompute at every token)
     for rid, prompt, sp in reqs[:2]:
-        ids = list(prompt)
-        for _ in range(sp.max_tokens):
-            with torch.no_grad():
-                hidden = window_model(torch.tensor([ids]), torch.arange(len(ids)).unsqueeze(0))
-            ids.append(int(window_model.logits(hidden[:, -1]).argmax()))
-        assert got[rid] == ids[len(prompt):]
+        assert got[rid] == recomputed_greedy(window_model, prompt, sp.max_tokens)
 
 
 @pytest.mark.parametrize("seed", range(2))
@@ -182,12 +188,7 @@ def test_qwen3_schedules_give_the_cache_free_greedy_tokens(tmp_path, tokenizer, 
     assert engine.runner.native is not None
     got = run(engine, reqs, [0, 1, 1, 2])
     for rid, prompt, sp in reqs:
-        ids = list(prompt)
-        for _ in range(sp.max_tokens):
-            with torch.no_grad():
-                hidden = model(torch.tensor([ids]), torch.arange(len(ids)).unsqueeze(0))
-            ids.append(int(model.logits(hidden[:, -1]).argmax()))
-        assert got[rid] == ids[len(prompt):]
+        assert got[rid] == recomputed_greedy(model, prompt, sp.max_tokens)
 
 
 def test_seeded_sampling_does_not_depend_on_batch_mates(llm):
