@@ -1,8 +1,8 @@
 """The native decode step: a whole decode step on the paged KV cache in one C++ call.
 
 ``build_native_decode(model)`` hands every layer's tensors to a ``compress._C.DecodePlan``
-once (norm weights, Qwen3's q / k norm weights, the four fused linears in the forms their ``decode_spec()`` names,
-the attention window) plus the embedding, rope tables, final norm and lm_head. A step is
+once (norm weights, Qwen3's q / k norm weights, the four fused linears in the forms
+their ``decode_spec()`` names, the attention window) plus the embedding, rope tables, final norm and lm_head. A step is
 then ``NativeDecode.decode``: Python ints and the cache tensors in, fp32 logits (and the
 greedy tokens) out, with no tensor op in Python. Where the plan cannot take the model
 (no native CPU kernels, a model off the CPU, reference kernels, unfused q/k/v or

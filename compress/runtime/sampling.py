@@ -122,11 +122,12 @@ class BatchSampler:
             self.repetition = torch.tensor([p.repetition_penalty for p in params], device=self.device)
         # logit_bias as (rows, token ids, biases): one index_put_ a step
         entries = [(r, t, b) for r, p in enumerate(params) for t, b in (p.logit_bias or {}).items()]
-        self.bias = None
+        self.bias, self.bias_top_token = None, -1
         if entries:
             rows, tokens, values = zip(*entries)
             self.bias = (torch.tensor(rows, device=self.device), torch.tensor(tokens, device=self.device),
                          torch.tensor(values, device=self.device))
+            self.bias_top_token = max(tokens)   # checked against the vocabulary per call, no device sync
 
     def __call__(self, logits: torch.Tensor,
                  histories: list[tuple[list[int], list[int]]] | None = None) -> torch.Tensor:
@@ -138,6 +139,9 @@ class BatchSampler:
             counts, seen = token_counts(histories, self.penalized, logits.shape[-1], logits.device)
             logits = apply_penalties(logits, counts, seen, self.presence, self.frequency, self.repetition)
         if self.bias is not None:
+            if self.bias_top_token >= logits.shape[-1]:
+                raise ValueError(f"logit_bias names token {self.bias_top_token}, outside the vocabulary of "
+                                 f"{logits.shape[-1]}")
             logits = add_logit_bias(logits, *self.bias)
         return sample(logits, self.temperature, self.top_k, self.top_p, self.generators,
                       all_greedy=self.all_greedy, need_filter=self.need_filter)
@@ -166,9 +170,6 @@ def add_logit_bias(logits: torch.Tensor, rows: torch.Tensor, tokens: torch.Tenso
                    values: torch.Tensor) -> torch.Tensor:
     """``logits [B, V]`` with ``values[i]`` added at ``(rows[i], tokens[i])`` (a new tensor;
     the other entries keep their bits)."""
-    if tokens.numel() and int(tokens.max()) >= logits.shape[-1]:
-        raise ValueError(f"logit_bias names token {int(tokens.max())}, outside the vocabulary of "
-                         f"{logits.shape[-1]}")
     return logits.index_put((rows, tokens), values.to(logits.dtype), accumulate=True)
 
 

@@ -1,12 +1,13 @@
 """``POST /v1/completions``: prompts (text or token ids) to completions, whole or streamed.
 
-Each prompt is ``n`` sequences in the engine and ``n`` choices in the answer (``index`` =
-the prompt's position times ``n`` plus the sample's, OpenAI's order). ``echo`` puts the prompt in front of the text; with ``logprobs=k`` it
-also scores the prompt in one cache-free forward before generating, so the answer's
-``token_logprobs`` cover prompt and completion (the prompt's first token: ``null``).
-That is what lm-eval's ``local-completions`` sends for loglikelihood tasks
-(``echo=true, logprobs=1, max_tokens=1``; it reads the prompt's share). ``max_tokens=0``
-with ``echo`` scores without generating.
+Each prompt is ``n`` sequences in the engine and ``n`` choices in the answer (``index``
+= the prompt's position times ``n`` plus the sample's, OpenAI's order). ``echo`` puts
+the prompt in front of the text; with ``logprobs=k`` it also scores the prompt in one
+cache-free forward before generating, so the answer's ``token_logprobs`` cover prompt
+and completion (the prompt's first token: ``null``). That is what lm-eval's
+``local-completions`` sends for loglikelihood tasks (``echo=true, logprobs=1,
+max_tokens=1``; it reads the prompt's share). ``max_tokens=0`` with ``echo`` scores
+without generating.
 
 Context: a prompt must leave room for ``max_tokens`` in the model's context; a request
 that names a ``max_tokens`` that does not fit is a 400 naming ``max_tokens``; the default

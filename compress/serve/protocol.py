@@ -2,12 +2,13 @@
 
 Every request body is parsed here: malformed JSON, an unknown field, a value of the
 wrong type or out of range becomes an :class:`APIError` (HTTP 400) whose body is
-OpenAI's ``{"error": {"message", "type", "param", "code"}}`` with ``param`` naming
-the field (``messages.1.content`` for nested ones). Models are strict (no string to
-number coercion) and forbid unknown fields. Fields OpenAI defines that the runtime
-does not implement are accepted only at their neutral value (``tools=[]``, ``response_format={"type": "text"}``, ...), so a
-client that asks for them is told, not ignored. ``null`` for an optional field means its
-default, as in OpenAI's API (clients that build bodies from dicts send unset fields so).
+OpenAI's ``{"error": {"message", "type", "param", "code"}}`` with ``param`` naming the
+field (``messages.1.content`` for nested ones). Models are strict (no string to number
+coercion) and forbid unknown fields. Fields OpenAI defines that the runtime does not
+implement are accepted only at their neutral value (``tools=[]``,
+``response_format={"type": "text"}``, ...), so a client that asks for them is told, not
+ignored. ``null`` for an optional field means its default, as in OpenAI's API (clients
+that build bodies from dicts send unset fields so).
 """
 from __future__ import annotations
 

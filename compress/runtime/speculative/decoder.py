@@ -82,7 +82,7 @@ class SpeculativeDecoder:
     def step(self, engine, seqs: list[Sequence], num_new_tokens: list[int]) -> list[RequestOutput] | None:
         """One engine step with speculation for its decode rows; its prefill chunks run
         in the same pass as they would in a plain step. None when the step has no decode
-        row or a row with a penalty (the engine runs it as usual)."""
+        row or a row whose logits a penalty or a logit bias changes (the engine runs it as usual)."""
         decode = [r for r, (s, n) in enumerate(zip(seqs, num_new_tokens)) if self.is_decode(s, n)]
         if not decode or any(s.params.modifies_logits for s in seqs):  # penalties, bias: the plain step samples
             return None
