@@ -8,10 +8,8 @@
 // (set_w4a8_lanes_pair_min_rows, w4a8_lanes_pair_min_rows) and their threads' take-over of
 // each other's tiles (set_lanes_tile_stealing, set_lanes_test_hold_us, lanes_tiles_stolen), the
 // float W4A16 op's at::mm threshold (set_w4a16_mm_min_rows, w4a16_mm_min_rows), paged
-// attention's group and row kernel switches (set_paged_group_kernel, set_paged_row_kernel), its
-// split of items over the threads (set_paged_parts_split) and
-// the group kernel's fewest rows (set_paged_group_min_rows, paged_group_min_rows), the
-// compute-peak probe and the DecodePlan class (decode_plan.cpp).
+// attention's chunk and row kernel switches (set_paged_group_kernel, set_paged_row_kernel) and
+// its split of items over the threads (set_paged_parts_split), the compute-peak probe and the DecodePlan class (decode_plan.cpp).
 #include <Python.h>
 
 #include "cpu/kernel_common.h"
@@ -42,8 +40,6 @@ namespace compress_cpu {
 bool set_paged_group_kernel(bool on);   // paged_attention.cpp
 bool set_paged_row_kernel(bool on);     // paged_attention.cpp
 bool set_paged_parts_split(bool on);    // paged_attention.cpp
-int64_t set_paged_group_min_rows(int64_t rows);   // paged_attention.cpp
-int64_t paged_group_min_rows_now();
 bool set_w4a8_shared_unpack(bool on);   // w4a8_gemm.cpp
 }
 
@@ -90,9 +86,6 @@ static PyObject* py_set_w4a16_panel_min_rows(PyObject*, PyObject* arg) {
 }
 static PyObject* py_set_w4a8_lanes_pair_min_rows(PyObject*, PyObject* arg) {
   return set_min_rows("set_w4a8_lanes_pair_min_rows", arg, compress_cpu::lanes::set_pair_min_rows);
-}
-static PyObject* py_set_paged_group_min_rows(PyObject*, PyObject* arg) {
-  return set_min_rows("set_paged_group_min_rows", arg, compress_cpu::set_paged_group_min_rows);
 }
 static PyObject* py_set_w4a16_mm_min_rows(PyObject*, PyObject* arg) {
   return set_min_rows("set_w4a16_mm_min_rows", arg, compress_cpu::w4::set_float_mm_min_rows);
@@ -174,18 +167,14 @@ static PyMethodDef compress_c_methods[] = {
      "Whether this CPU and OS let the W4A16 ops use AMX-BF16 tiles."},
     {"set_paged_group_kernel", py_set_switch<compress_cpu::set_paged_group_kernel>, METH_O,
      "Whether paged attention runs rows that share their keys (a prompt chunk as one-token rows) through "
-     "its AVX-512 group kernel where the CPU has it (default True); returns the previous setting."},
+     "its AVX-512 chunk kernel where the CPU has it (default True; the per-row loops' bits); returns the "
+     "previous setting."},
     {"set_paged_row_kernel", py_set_switch<compress_cpu::set_paged_row_kernel>, METH_O,
      "Whether paged attention runs a row that attends alone (a decode row) through its AVX-512 row kernel "
      "where the CPU has it (default True; the per-row loops' bits); returns the previous setting."},
     {"set_paged_parts_split", py_set_switch<compress_cpu::set_paged_parts_split>, METH_O,
      "Whether paged attention gives each thread one contiguous run of its (rows, kv head) items with take-over "
      "(default True) or hands them out one at a time (the same bits); returns the previous setting."},
-    {"set_paged_group_min_rows", py_set_paged_group_min_rows, METH_O,
-     "Fewest rows sharing their keys (a prompt chunk) that take paged attention's AVX-512 group kernel; "
-     "fewer take the row kernel one row after the other (same bits); returns the previous value."},
-    {"paged_group_min_rows", py_get_rows<compress_cpu::paged_group_min_rows_now>, METH_NOARGS,
-     "Fewest rows sharing their keys that take the group kernel (set_paged_group_min_rows)."},
     {"set_w4a8_shared_unpack", py_set_switch<compress_cpu::set_w4a8_shared_unpack>, METH_O,
      "Whether the int8-activation int4 GEMM's few-row tiles (below the panel GEMM's rows, AVX-512 VNNI) unpack "
      "each weight chunk once for up to eight activation rows (default True) instead of once per row; returns "

@@ -33,13 +33,9 @@
 // reads its keys in the pool two a zmm with those loops' operations
 // (paged_row_attention.inc: attend_row_avx512).
 //
-// Rows that share their keys take, on AVX-512 (D % 16 == 0, at most 16 q heads a kv head),
-// a kernel whose zmm lanes are the q heads of up to 16 / group rows (attend_group_avx512):
-// one key element broadcast against 16 lanes' q element, 16 keys a tile, softmax down each
-// lane, p.V with one V element broadcast against the lanes' probabilities; the tiles are
-// read in the pool where a block holds whole tiles of 16 (prefetching the next tile), else
-// from a widened copy. Per-row loops re-read a chunk's keys for every row: at 2,000 keys and
-// 8 rows the kernel takes 265 us a layer against 660 (345M shapes, 2 threads, Zen5).
+// Rows that share their keys (a prompt chunk) take, on AVX-512 (D % 16 == 0), that
+// kernel's loops with up to four (row, q head) pairs a pass, so each K and V row read serves
+// four of them (attend_rows_avx512), and each row gets the bits it would get alone.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -57,8 +53,9 @@
 
 namespace compress_cpu {
 
-// Whether rows sharing their keys take the AVX-512 group kernel (attend_group_avx512) where
-// the CPU has it; off, they take the per-row loops over keys widened once (tests compare).
+// Whether rows sharing their keys (a prompt chunk) take the AVX-512 chunk kernel
+// (attend_rows_avx512) where the CPU has it; off, the per-row loops over keys widened once
+// (tests compare).
 std::atomic<bool> paged_group_kernel{true};
 bool set_paged_group_kernel(bool on) { return paged_group_kernel.exchange(on); }
 // Whether a row that attends alone (a decode row) takes the AVX-512 row kernel
@@ -69,15 +66,6 @@ bool set_paged_row_kernel(bool on) { return paged_row_kernel.exchange(on); }
 // out one at a time from a counter (off); the same bits either way (tests compare).
 std::atomic<bool> paged_parts_split{true};
 bool set_paged_parts_split(bool on) { return paged_parts_split.exchange(on); }
-// Fewest rows sharing their keys that take the group kernel; fewer take the row kernel one
-// row after the other (same bits; the item's keys come from DRAM for the first row and from
-// L2 for the next). The group kernel's work per key is the same for 1 row as for 16 / group
-// (its lanes are q heads of rows), so a long prompt's few-token chunk paid for a full tile
-// (345M, 1,750 keys, 2 threads: 2-8 rows ~400 us a layer against ~99 us for one row).
-constexpr int64_t kGroupMinRowsDefault = 5;
-std::atomic<int64_t> paged_group_min_rows{kGroupMinRowsDefault};
-int64_t set_paged_group_min_rows(int64_t rows) { return paged_group_min_rows.exchange(rows); }
-int64_t paged_group_min_rows_now() { return paged_group_min_rows.load(std::memory_order_relaxed); }
 
 namespace {
 
@@ -158,8 +146,6 @@ void paged_generic(const Paged& a, const T* q, const TKV* k, const TKV* v, T* ou
   });
 }
 
-#include "cpu/paged_group_attention.inc"
-
 // ---- vector path: AVX2 + FMA, D % 8 == 0 -----------------------------------------------
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
@@ -239,7 +225,7 @@ inline void qk_run(const float* qa, const float* qb, const Run& run, int64_t ks,
       if constexpr (TWO) cb = _mm256_fmadd_ps(_mm256_loadu_ps(qb + d), x, cb);
     }
     // the 4-key reduction's tree (zero partners): every key's score sums its 8 lanes in
-    // one order, which the group kernel repeats per lane
+    // one order, which the AVX-512 kernels repeat (fold8)
     const __m256 zero = _mm256_setzero_ps();
     sa[s] = _mm_cvtss_f32(hsum4x256_ps(ca, zero, zero, zero));
     if constexpr (TWO) sb[s] = _mm_cvtss_f32(hsum4x256_ps(cb, zero, zero, zero));
@@ -334,33 +320,6 @@ const float* gather_rows_f32(const Paged& a, const TKV* pool, int64_t s0, int64_
   return buf.data();
 }
 
-// Rows b0 .. b0 + R - 1 sharing their keys (positions 0 .. Smax - 1), kv head hk, through
-// the AVX-512 group kernel: its 16-key tiles in a float32 pool whose blocks hold whole
-// tiles, else in a widened copy (`kbuf`, `vbuf`).
-template <typename T, typename TKV>
-void attend_group(const Paged& a, const T* q, const TKV* k, const TKV* v, T* out, int64_t b0, int64_t R, int64_t hk,
-                  int64_t Smax, std::vector<const float*>& kt, std::vector<const float*>& vt, std::vector<float>& kbuf,
-                  std::vector<float>& vbuf) {
-  const int64_t tiles = (Smax + 15) / 16, last = b0 + R - 1;
-  kt.resize(tiles), vt.resize(tiles);
-  if constexpr (std::is_same_v<TKV, float>) {
-    if (a.BS % 16 == 0) {
-      const int32_t* table = a.tables + last * a.M;
-      for (int64_t t = 0; t < tiles; ++t) {
-        const int64_t block = table[16 * t / a.BS], off = 16 * t % a.BS;
-        kt[t] = k + block * a.ks0 + hk * a.ks1 + off * a.ks2;
-        vt[t] = v + block * a.vs0 + hk * a.vs1 + off * a.vs2;
-      }
-      attend_group_avx512(a, q, out, b0, R, hk, kt.data(), a.ks2, vt.data(), a.vs2, Smax);
-      return;
-    }
-  }
-  const float* kf = gather_rows_f32(a, k, a.ks0, a.ks1, a.ks2, last, hk, 0, Smax, kbuf);
-  const float* vf = gather_rows_f32(a, v, a.vs0, a.vs1, a.vs2, last, hk, 0, Smax, vbuf);
-  for (int64_t t = 0; t < tiles; ++t) kt[t] = kf + 16 * t * a.D, vt[t] = vf + 16 * t * a.D;
-  attend_group_avx512(a, q, out, b0, R, hk, kt.data(), a.D, vt.data(), a.D, Smax);
-}
-
 // The runs of row b's kv head hk in one pool (keys: strides s0, s1, s2), positions
 // first .. first + S - 1. A float32 pool's runs point into it; a float16 / bfloat16
 // pool's rows are widened into `buf` (prefetching the next block as each one is read),
@@ -386,8 +345,8 @@ int64_t item_runs(const Paged& a, const TKV* pool, int64_t s0, int64_t s1, int64
 
 // softmax in place over S scores (vector exp of kernel_common.h)
 // p = exp(s - max) / sum: the exponentials by exp_nonpositive (a last partial 8 too), the
-// sum as 8 lanes of keys s mod 8 reduced by hsum256_ps, p = e * (1 / sum). The group
-// kernel repeats these operations per lane (attend_group_avx512).
+// sum as 8 lanes of keys s mod 8 reduced by hsum256_ps, p = e * (1 / sum). The AVX-512
+// kernels repeat these operations (softmax_row_avx512).
 inline void softmax_row(float* sc, int64_t S) {
   // the maximum 8 lanes at a time: the same value in any order (a zero's sign, the one
   // thing the order could pick, does not change sc - mx), without a max chain's latency
@@ -459,33 +418,26 @@ void paged_avx2(const Paged& a, const T* q, const TKV* k, const TKV* v, T* out) 
   const int64_t D = a.D, group = a.group;
   constexpr bool kInPlace = std::is_same_v<TKV, float>;  // else widened copies, already in cache
   // Work items: (group of rows sharing their keys, kv head). A group takes the AVX-512
-  // group kernel where it can; otherwise its K and V rows are read (and widened) once for
+  // row kernels where it can; otherwise its K and V rows are read (and widened) once for
   // the longest row and each row attends to its prefix.
   const std::vector<std::pair<int64_t, int64_t>> groups = shared_key_groups(a);
-  const bool group_kernel = active_isa() == Isa::Avx512Vnni && D % 16 == 0 && group <= 16 && group_attention_on();
+  const bool group_kernel = group_attention_on();
   const bool row_kernel = active_isa() == Isa::Avx512Vnni && D % 16 == 0 && D <= kRowKernelMaxD &&
                           paged_row_kernel.load(std::memory_order_relaxed);
-  const int64_t group_min_rows = paged_group_min_rows_now();
   const auto items = [&](int64_t begin0, int64_t end0) {
     // reused by this thread from call to call (a decode step makes one call a layer)
     thread_local std::vector<float> qf, scores, kbuf, vbuf, obuf;
     thread_local std::vector<Run> kruns, vruns, krow, vrow;
-    thread_local std::vector<const float*> ktiles, vtiles;
-    thread_local std::vector<const void*> krowp, vrowp;
+    thread_local RowBuffers rowbuf;
     if (qf.size() < static_cast<size_t>(group * D)) qf.resize(group * D), obuf.resize(group * D);
     for (int64_t begin = begin0; begin < end0; ++begin) {
       const int64_t b0 = groups[begin / a.Hkv].first, nrows = groups[begin / a.Hkv].second, hk = begin % a.Hkv;
       int64_t first, Smax;
       a.span(b0 + nrows - 1, &first, &Smax);   // the group's union: the last row's span
-      // a decode row, or a chunk of fewer rows than the group kernel pays off for (where
-      // the group kernel is off, a chunk keeps the loops that tests compare it with)
-      if (row_kernel && (nrows == 1 || (group_kernel && nrows < group_min_rows))) {
-        for (int64_t row = 0; row < nrows; ++row)
-          attend_row_avx512(a, q, k, v, out, b0 + row, hk, qf, scores, obuf, krowp, vrowp);
-        continue;
-      }
-      if (nrows > 1 && group_kernel) {  // first == 0 here: groups of more than one row have no window
-        attend_group(a, q, k, v, out, b0, nrows, hk, Smax, ktiles, vtiles, kbuf, vbuf);
+      // a decode row, or a chunk's rows (each with the bits it would get alone)
+      if (row_kernel && (nrows == 1 || group_kernel)) {
+        if (nrows == 1) attend_row_avx512(a, q, k, v, out, b0, hk, rowbuf);
+        else attend_rows_avx512(a, q, k, v, out, b0, nrows, hk, rowbuf);
         continue;
       }
       const int64_t ks = item_runs(a, k, a.ks0, a.ks1, a.ks2, b0 + nrows - 1, hk, first, Smax, kruns, kbuf);

@@ -158,19 +158,18 @@ def test_errors_name_the_problem(impl):
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int8])
-@pytest.mark.parametrize("heads", [(4, 2), (8, 2), (16, 1), (6, 6)], ids=lambda h: f"{h[0]}q{h[1]}kv")
+@pytest.mark.parametrize("heads", [(4, 2), (8, 2), (12, 4), (16, 1), (6, 6)], ids=lambda h: f"{h[0]}q{h[1]}kv")
 @pytest.mark.parametrize("block_size", [16, 8])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_group_kernel_matches_reference_and_is_row_invariant(kv_dtype, heads, block_size, head_dim):
-    """The AVX-512 kernel for rows that share their keys (16 lanes of q heads; 16-key
-    tiles read in the pool where blocks hold whole tiles, else from a widened copy): the
-    reference's outputs, the per-row loops' bits (each lane runs their operations in their
-    order, so a position's attention does not depend on how its prompt was chunked), and a
-    row's bits do not depend on how many rows share its block of lanes (a chunk of 21 rows
-    against its first 5 rows alone)."""
+def test_chunk_kernel_matches_reference_and_is_row_invariant(kv_dtype, heads, block_size, head_dim):
+    """The AVX-512 kernel for rows that share their keys (a chunk's (row, q head) pairs four
+    a pass, each K and V row read once for them; a pass spans rows of different lengths
+    where the q-head group is 3, 2 or 1): the reference's outputs, the per-row loops' bits
+    (so a position's attention does not depend on how its prompt was chunked), and a row's
+    bits do not depend on how many rows share its chunk (21 rows against the first 5)."""
     import compress.ops as ops
     if "avx512_vnni" not in ops.cpu_isas_available():
-        pytest.skip("no AVX-512 VNNI on this CPU: the group kernel is not taken")
+        pytest.skip("no AVX-512 VNNI on this CPU: the chunk kernel is not taken")
     import compress._C as C
     hq, hkv = heads
     q1, k, v, table, _ = paged_case([70], hq, hkv, head_dim, kv_dtype=kv_dtype, block_size=block_size,
@@ -188,7 +187,7 @@ def test_group_kernel_matches_reference_and_is_row_invariant(kv_dtype, heads, bl
         C.set_paged_group_kernel(before)
     want = reference.paged_decode_attention(q, k, v, tables, lens, 0)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert torch.equal(got, loops)      # the group kernel runs the loops' operations per lane
+    assert torch.equal(got, loops)      # the kernel runs the loops' operations per (row, head)
     assert torch.equal(got[:5], first)
 
 
@@ -222,10 +221,11 @@ def test_row_kernel_runs_the_loops_operations(kv_dtype, heads, block_size, head_
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("heads", [(16, 8), (12, 4), (8, 1)], ids=lambda h: f"{h[0]}q{h[1]}kv")
-def test_few_chunk_rows_take_the_row_kernel_with_the_same_bits(kv_dtype, heads):
-    """A chunk of fewer rows than ``set_paged_group_min_rows`` (a long prompt's few-token
-    chunk beside running decodes) takes the row kernel one row after the other: the bits
-    of the group kernel and of the per-row loops, whichever way 2..7 rows are routed."""
+def test_a_few_token_chunk_gives_each_row_its_bits_alone(kv_dtype, heads):
+    """A chunk of 2..8 rows (a long prompt's few-token chunk beside running decodes) through
+    the chunk kernel: each row's output has the bits of that row attending alone (the
+    decode rows' kernel) and of the per-row loops, at 131..139 keys (across 8-key groups
+    and a block boundary)."""
     import compress.ops as ops
     if "avx512_vnni" not in ops.cpu_isas_available():
         pytest.skip("no AVX-512 VNNI on this CPU: neither kernel is taken")
@@ -233,25 +233,19 @@ def test_few_chunk_rows_take_the_row_kernel_with_the_same_bits(kv_dtype, heads):
     hq, hkv = heads
     _, k, v, table, _ = paged_case([140], hq, hkv, 64, kv_dtype=kv_dtype, block_size=16, spare_blocks=3, seed=5)
     op = torch.ops.compress.paged_decode_attention
-    before = C.set_paged_group_min_rows(C.paged_group_min_rows())
     try:
-        for n in range(2, 8):
+        for n in range(2, 9):
             lens = torch.arange(131, 131 + n, dtype=torch.int32)
             tables = table.repeat(n, 1)
             q = torch.randn(n, hq, 64, generator=torch.Generator().manual_seed(n))
-            C.set_paged_group_min_rows(100)
-            rows = op(q, k, v, tables, lens, 0)
-            C.set_paged_group_min_rows(1)
-            group = op(q, k, v, tables, lens, 0)
+            chunk = op(q, k, v, tables, lens, 0)
+            alone = torch.cat([op(q[i:i + 1], k, v, tables[i:i + 1], lens[i:i + 1], 0) for i in range(n)])
             C.set_paged_group_kernel(False)
             loops = op(q, k, v, tables, lens, 0)
             C.set_paged_group_kernel(True)
-            assert torch.equal(rows, group) and torch.equal(rows, loops), n
+            assert torch.equal(chunk, alone) and torch.equal(chunk, loops), n
     finally:
         C.set_paged_group_kernel(True)
-        C.set_paged_group_min_rows(before)
-    with pytest.raises(ValueError, match="rows must be >= 1"):
-        C.set_paged_group_min_rows(0)
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.int8])

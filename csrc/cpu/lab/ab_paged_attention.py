@@ -7,8 +7,8 @@ layers' K / V pools in 2 MiB pages so that they come from DRAM (one layer: from 
 
 ``decode``: ``--rows`` rows attending alone, ``--keys`` positions each (the row kernel).
 ``chunk``: one prompt chunk of n rows sharing their keys at ``--keys`` positions, timed
-with ``set_paged_group_min_rows`` at 1 (the group kernel) and at 100 (the row kernel row by
-row) in the same process, outputs compared bitwise. Heads: 16 q / 8 kv of 64 (the 345M
+as one call (the chunk kernel) and as n one-row calls (the decode rows' kernel, each row
+alone) in the same process, outputs compared bitwise. Heads: 16 q / 8 kv of 64 (the 345M
 bench model). Prints the median microseconds a layer.
 """
 from __future__ import annotations
@@ -20,7 +20,6 @@ import time
 import torch
 
 import compress.ops  # noqa: F401  (registers the ops, loads compress._C)
-import compress._C as C
 from compress.ops import kv_int8
 from compress.runtime.hugepages import huge_page_zeros
 
@@ -59,6 +58,25 @@ def per_layer_us(kv, q, tables, lens, reps):
     return statistics.median(times) / len(kv) * 1e6, outs[0]
 
 
+def per_layer_us_rows(kv, q, tables, lens, reps):
+    """per_layer_us with each row its own call (each attends alone)."""
+    op = torch.ops.compress.paged_decode_attention
+    outs = []
+
+    def one():
+        outs.clear()
+        for k, v in kv:
+            outs.append(torch.cat([op(q[i:i + 1], k, v, tables[i:i + 1], lens[i:i + 1], 0)
+                                   for i in range(q.shape[0])]))
+    one(), one()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        one()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) / len(kv) * 1e6, outs[0]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("mode", choices=["decode", "chunk"])
@@ -86,15 +104,10 @@ def main() -> None:
                 continue
             tables = order[:per_row].expand(n, per_row).contiguous()
             lens = torch.arange(args.keys + 1, args.keys + n + 1, dtype=torch.int32)
-            before = C.set_paged_group_min_rows(1)
-            try:
-                group, g_out = per_layer_us(kv, q, tables, lens, args.reps)
-                C.set_paged_group_min_rows(100)
-                rows, r_out = per_layer_us(kv, q, tables, lens, args.reps)
-            finally:
-                C.set_paged_group_min_rows(before)
-            print(f"{name:8s} chunk of {n} rows at {args.keys} keys, {args.layers} layers: row kernel {rows:.1f} "
-                  f"us a layer, group kernel {group:.1f} ({group / rows:.2f}x); same bits: {torch.equal(g_out, r_out)}")
+            group, g_out = per_layer_us(kv, q, tables, lens, args.reps)
+            rows, r_out = per_layer_us_rows(kv, q, tables, lens, args.reps)
+            print(f"{name:8s} chunk of {n} rows at {args.keys} keys, {args.layers} layers: rows alone {rows:.1f} "
+                  f"us a layer, chunk kernel {group:.1f} ({group / rows:.2f}x); same bits: {torch.equal(g_out, r_out)}")
 
 
 if __name__ == "__main__":
