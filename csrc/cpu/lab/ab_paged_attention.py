@@ -41,14 +41,15 @@ def pools(layers, blocks, dtype):
     return out
 
 
-def per_layer_us(kv, q, tables, lens, reps):
-    op = torch.ops.compress.paged_decode_attention
+def timed_per_layer_us(kv, attend, reps):
+    """Median microseconds a layer of ``attend(k, v)`` cycled over the layers' pools, and
+    the first layer's output."""
     outs = []
 
     def one():
         outs.clear()
         for k, v in kv:
-            outs.append(op(q, k, v, tables, lens, 0))
+            outs.append(attend(k, v))
     one(), one()
     times = []
     for _ in range(reps):
@@ -56,25 +57,19 @@ def per_layer_us(kv, q, tables, lens, reps):
         one()
         times.append(time.perf_counter() - t0)
     return statistics.median(times) / len(kv) * 1e6, outs[0]
+
+
+def per_layer_us(kv, q, tables, lens, reps):
+    """The rows in one call."""
+    op = torch.ops.compress.paged_decode_attention
+    return timed_per_layer_us(kv, lambda k, v: op(q, k, v, tables, lens, 0), reps)
 
 
 def per_layer_us_rows(kv, q, tables, lens, reps):
-    """per_layer_us with each row its own call (each attends alone)."""
+    """Each row its own call (each attends alone)."""
     op = torch.ops.compress.paged_decode_attention
-    outs = []
-
-    def one():
-        outs.clear()
-        for k, v in kv:
-            outs.append(torch.cat([op(q[i:i + 1], k, v, tables[i:i + 1], lens[i:i + 1], 0)
-                                   for i in range(q.shape[0])]))
-    one(), one()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        one()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) / len(kv) * 1e6, outs[0]
+    return timed_per_layer_us(kv, lambda k, v: torch.cat([op(q[i:i + 1], k, v, tables[i:i + 1], lens[i:i + 1], 0)
+                                                          for i in range(q.shape[0])]), reps)
 
 
 def main() -> None:
