@@ -138,21 +138,28 @@ COMPRESS_TARGET("avx2") inline float absmax_avx2(const float* v, int64_t n) {
 
 // e^x for x <= 0 (a softmax after subtracting the max; a sigmoid through e^-|x|):
 // Cody-Waite range reduction by ln 2, a degree-6 polynomial on [-ln2/2, ln2/2] (relative
-// error ~2e-7), 2^n through the exponent bits; x below -87.3 (and -inf) gives 0.
+// error ~2e-7), 2^n through the exponent bits; x below -87.3 (and -inf) gives 0. Its
+// 16-lane form (paged_row_attention.inc: exp_nonpositive512) runs the same operations on
+// these constants, so the two give the same bits lane for lane.
+struct ExpNonpositive {
+  static constexpr float kLowest = -87.33654f, kLog2e = 1.44269504088896341f;
+  static constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+  // the polynomial's coefficients, highest degree first (Horner's order)
+  static constexpr float kPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                     4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+};
+
 COMPRESS_TARGET("avx2,fma") inline __m256 exp_nonpositive(__m256 x) {
-  const __m256 lowest = _mm256_set1_ps(-87.33654f);
+  using E = ExpNonpositive;
+  const __m256 lowest = _mm256_set1_ps(E::kLowest);
   const __m256 underflow = _mm256_cmp_ps(x, lowest, _CMP_LT_OQ);
   x = _mm256_max_ps(x, lowest);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(E::kLog2e)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(E::kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(E::kLn2Lo), r);
+  __m256 y = _mm256_set1_ps(E::kPoly[0]);
+  for (int i = 1; i < 6; ++i) y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(E::kPoly[i]));
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
   const __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_andnot_ps(underflow, _mm256_mul_ps(y, _mm256_castsi256_ps(pow2n)));
