@@ -64,6 +64,15 @@ def get_op(name: str, backend: str = "native"):
     raise ValueError(f"unknown kernel backend {backend!r}; choose one of {BACKENDS}")
 
 
+def set_cuda_paged_attention_kernel(name: str) -> str:
+    """The CUDA paged decode attention kernel: 'split' (a block per row, kv head and 256
+    positions, the default) or 'heads' (a block per row and query head, the baseline that
+    csrc/cuda/lab/paged_attention_kv.py times it against); returns the previous one."""
+    if not native_available("cuda"):
+        raise RuntimeError("compress._cuda (the CUDA kernels) is not built")
+    return importlib.import_module("compress._cuda").set_paged_attention_kernel(str(name))
+
+
 # ---- CPU kernel ISA: query and override (tests force AVX2 / scalar with these) ----
 _ISA_ORDER = ("avx512_vnni", "avx2", "scalar")
 

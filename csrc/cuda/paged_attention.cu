@@ -1,16 +1,23 @@
 // compress::paged_decode_attention on CUDA: one query per row over a paged KV cache.
-// Reference: compress/ops/reference.py::paged_decode_attention; geometry, online softmax
-// and combine in paged_attention.cuh (shared with the host harness).
+// Reference: compress/ops/reference.py::paged_decode_attention; geometry, softmax and
+// combine helpers in paged_attention.cuh (shared with the host harness).
 //
-// grid (rows, query heads), block kPagedWarps warps. Warp w walks the row's positions
-// first + w, first + w + kPagedWarps, ...; U of them a pass: the lanes load their head-dim
-// elements of U keys' K and V rows (all in flight before the first dot's warp reduction:
-// a decode step is bound by the loads' latency, not by HBM's bandwidth), then fold the
-// keys in position order into the warp's online softmax (fp32, base 2) and
-// rescale-accumulate V.
-// The warps' (max, sum, V sums) meet in shared memory and the block writes the row's
-// output in q's dtype. q / out: float16, bfloat16 or float32; pools: any of the three, or
-// int8 rows with their scales (each element float(q) * scale, paged_attention.cuh).
+// The split kernel (the default; paged_attention.cuh says what each phase does): grid
+// (rows, kv heads x groups of up to kSplitHeads query heads, splits of kSplitKeys
+// positions), kSplitThreads threads. A row of more than one split leaves (max, sum, V sums)
+// per split in the workspace and the combine kernel, grid (rows, query heads), writes it.
+//
+// The heads kernel (the baseline): grid (rows, query heads), block kPagedWarps warps. Warp w
+// walks the row's positions first + w, first + w + kPagedWarps, ...; U of them a pass: the
+// lanes load their head-dim elements of U keys' K and V rows (all in flight before the
+// first dot's warp reduction), then fold the keys in position order into the warp's online
+// softmax (fp32, base 2) and rescale-accumulate V. The warps' (max, sum, V sums) meet in
+// shared memory and the block writes the row's output in q's dtype.
+//
+// q / out: float16, bfloat16 or float32; pools: any of the three, or int8 rows with their
+// scales (each element float(q) * scale, paged_attention.cuh).
+#include <atomic>
+#include <cstdint>
 #include <type_traits>
 
 #include "cpk_device.cuh"
@@ -117,6 +124,280 @@ __global__ void __launch_bounds__(32 * kPagedWarps) paged_decode_attention_kerne
   }
 }
 
+// ---- the split kernel -------------------------------------------------------
+
+CPK_D float to_f(__half v) { return __half2float(v); }
+CPK_D float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+CPK_D float to_f(float v) { return v; }
+CPK_D float to_f(int8_t v) { return static_cast<float>(v); }
+
+// Element i of the 32-bit words w, as fp32.
+template <typename TKV>
+CPK_D float elem_of_words(const uint32_t* w, int i) {
+  if constexpr (std::is_same_v<TKV, float>) return __uint_as_float(w[i]);
+  else if constexpr (std::is_same_v<TKV, int8_t>) return static_cast<float>(static_cast<int8_t>(w[i / 4] >> (8 * (i % 4))));
+  else {
+    const unsigned short b = static_cast<unsigned short>(w[i / 2] >> (16 * (i % 2)));
+    if constexpr (std::is_same_v<TKV, __half>) return __half2float(__ushort_as_half(b));
+    else return __bfloat162float(__ushort_as_bfloat16(b));
+  }
+}
+
+// kLoadBytes / sizeof(TKV) elements from p (kLoadBytes-aligned) in one load, as fp32.
+template <typename TKV, int kLoadBytes>
+CPK_D void load_elems(const TKV* p, float* out) {
+  if constexpr (kLoadBytes == static_cast<int>(sizeof(TKV))) {
+    out[0] = to_f(*p);
+  } else {
+    constexpr int N = kLoadBytes / static_cast<int>(sizeof(TKV));
+    uint32_t w[kLoadBytes / 4];
+    if constexpr (kLoadBytes == 16) {
+      const uint4 b = *reinterpret_cast<const uint4*>(p);
+      w[0] = b.x, w[1] = b.y, w[2] = b.z, w[3] = b.w;
+    } else {
+      w[0] = *reinterpret_cast<const uint32_t*>(p);
+    }
+    CPK_UNROLL for (int i = 0; i < N; ++i) out[i] = elem_of_words<TKV>(w, i);
+  }
+}
+
+// An int8 row's scale: one aligned 4-byte load when rows are 4-byte aligned and D % 4 == 0
+// (kLoadBytes >= 4 promises both), else a byte at a time.
+template <int kLoadBytes>
+CPK_D float int8_row_scale(const int8_t* row, int D) {
+  if constexpr (kLoadBytes >= 4) return *reinterpret_cast<const float*>(row + D);
+  else return paged_int8_row_scale(row, D);
+}
+
+CPK_D float load_q(const void* q, DType t, long long i) {
+  if (t == DType::kF16) return __half2float(static_cast<const __half*>(q)[i]);
+  if (t == DType::kBF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(q)[i]);
+  return static_cast<const float*>(q)[i];
+}
+CPK_D void store_out(void* out, DType t, long long i, float v) {
+  if (t == DType::kF16) static_cast<__half*>(out)[i] = __float2half_rn(v);
+  else if (t == DType::kBF16) static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(v);
+  else static_cast<float*>(out)[i] = v;
+}
+
+// Splits the launch provides for: every row's span fits in the table's capacity, or in
+// the window when there is one.
+int launch_splits(const PagedAttnArgs& a) {
+  const long long cap = static_cast<long long>(a.table_cols) * a.block_size;
+  const long long n = a.window > 0 && a.window < cap ? a.window : cap;
+  return n <= kSplitKeys ? 1 : static_cast<int>((n + kSplitKeys - 1) / kSplitKeys);
+}
+
+// A split's (max, sum) and V sums for its row and query head h: ml [rows, n_heads, splits, 2]
+// after acc [rows, n_heads, splits, head_dim] in the workspace.
+CPK_D float* split_acc(const PagedAttnArgs& a, int splits, int row, int h, int split) {
+  return a.workspace + ((static_cast<long long>(row) * a.n_heads + h) * splits + split) * a.head_dim;
+}
+CPK_D float* split_ml(const PagedAttnArgs& a, int splits, int row, int h, int split) {
+  const long long acc_floats = static_cast<long long>(a.rows) * a.n_heads * splits * a.head_dim;
+  return a.workspace + acc_floats + ((static_cast<long long>(row) * a.n_heads + h) * splits + split) * 2;
+}
+
+// kWide: head_dim > 128 (each thread two columns of p.V); kLoadBytes: the scores' row loads.
+template <typename TKV, int kLoadBytes, bool kWide>
+__global__ void __launch_bounds__(kSplitThreads, 8) paged_split_kernel(const PagedAttnArgs a, const DType q_dtype,
+                                                                     const int splits) {
+  constexpr bool kInt8 = std::is_same_v<TKV, int8_t>;
+  constexpr int kVec = kLoadBytes / static_cast<int>(sizeof(TKV));
+  constexpr int kCols = kWide ? 2 : 1;
+  const int row = blockIdx.x, split = blockIdx.z, tid = threadIdx.x;
+  const int D = a.head_dim, group = a.n_heads / a.n_kv_heads;
+  const int groups_per_kv = (group + kSplitHeads - 1) / kSplitHeads;
+  const int hk = blockIdx.y / groups_per_kv;
+  const int h0 = hk * group + (blockIdx.y % groups_per_kv) * kSplitHeads;
+  const int heads = min(kSplitHeads, (hk + 1) * group - h0);
+  const PagedSpan span = paged_span(a.context_lens[row], a.window, a.table_cols * a.block_size);
+  const int row_splits = paged_splits(span.end - span.first);
+  if (split >= row_splits) return;
+  const int first = span.first + split * kSplitKeys;
+  const int n = max(0, min(kSplitKeys, span.end - first));
+  const TKV* kp = static_cast<const TKV*>(a.k_pool);
+  const TKV* vp = static_cast<const TKV*>(a.v_pool);
+  const int32_t* table = a.block_tables + static_cast<long long>(row) * a.table_cols;
+
+  __shared__ __align__(16) float s_q[kSplitHeads][kPagedMaxHeadDim];
+  __shared__ float s_p[kSplitHeads][kSplitKeys];
+  __shared__ long long s_voff[kSplitKeys];
+  __shared__ float s_vscale[kInt8 ? kSplitKeys : 1];  // int8 pools: each key's V row scale
+  __shared__ float s_m[kSplitHeads], s_l[kSplitHeads];
+
+  const float qscale = a.scale * kLog2e;
+  for (int i = tid; i < heads * D; i += kSplitThreads)
+    s_q[i / D][i % D] = load_q(a.q, q_dtype, (static_cast<long long>(row) * a.n_heads + h0) * D + i) * qscale;
+  __syncthreads();
+
+  // scores: a thread per key
+  for (int j = tid; j < n; j += kSplitThreads) {
+    const int pos = first + j;
+    const int blk = paged_block_of(table, pos, a.block_size, a.num_blocks);
+    float sc[kSplitHeads];
+    CPK_UNROLL for (int g = 0; g < kSplitHeads; ++g) sc[g] = 0.f;
+    long long vo = -1;
+    if (blk >= 0) {
+      const long long slot = pos % a.block_size;
+      const TKV* krow = kp + blk * a.k_stride[0] + hk * a.k_stride[1] + slot * a.k_stride[2];
+      vo = blk * a.v_stride[0] + hk * a.v_stride[1] + slot * a.v_stride[2];
+      float kscale = 1.f;
+      if constexpr (kInt8) {
+        kscale = int8_row_scale<kLoadBytes>(krow, D);
+        s_vscale[j] = int8_row_scale<kLoadBytes>(vp + vo, D);
+      }
+      for (int c = 0; c < D; c += kVec) {
+        float k[kVec];
+        load_elems<TKV, kLoadBytes>(krow + c, k);
+        if constexpr (kInt8) {
+          CPK_UNROLL for (int e = 0; e < kVec; ++e) k[e] *= kscale;
+        }
+        CPK_UNROLL for (int g = 0; g < kSplitHeads; ++g) {
+          if (g < heads) {
+            CPK_UNROLL for (int e = 0; e < kVec; ++e) sc[g] = fmaf(s_q[g][c + e], k[e], sc[g]);
+          }
+        }
+      }
+    }
+    CPK_UNROLL for (int g = 0; g < kSplitHeads; ++g)
+      if (g < heads) s_p[g][j] = blk >= 0 ? sc[g] : -__builtin_huge_valf();
+    s_voff[j] = vo;
+  }
+  __syncthreads();
+
+  // softmax over the split: a warp per head
+  const int warp = tid / 32, lane = tid % 32;
+  for (int g = warp; g < heads; g += kSplitWarps) {
+    float mx = -__builtin_huge_valf();
+    for (int j = lane; j < n; j += 32) mx = fmaxf(mx, s_p[g][j]);
+    CPK_UNROLL for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.f;
+    for (int j = lane; j < n; j += 32) {
+      const float p = mx == -__builtin_huge_valf() ? 0.f : paged_exp2(s_p[g][j] - mx);
+      s_p[g][j] = p;
+      sum += p;
+    }
+    CPK_UNROLL for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) s_m[g] = mx, s_l[g] = sum;
+  }
+  __syncthreads();
+
+  // p.V: column tid (and tid + 128) for every head of the block, or, head_dim <= 128,
+  // column tid % D for heads tid / D, tid / D + hg, ... (hg = 128 / D groups of threads)
+  const int hg = kWide ? 1 : kSplitThreads / D;
+  const int grp = kWide ? 0 : tid / D;
+  const int col = kWide ? tid : tid % D;
+  if (grp >= hg) return;
+  float acc[kCols][kSplitHeads];
+  CPK_UNROLL for (int c = 0; c < kCols; ++c)
+    CPK_UNROLL for (int i = 0; i < kSplitHeads; ++i) acc[c][i] = 0.f;
+#pragma unroll 4
+  for (int j = 0; j < n; ++j) {
+    const long long vo = s_voff[j];
+    if (vo < 0) continue;  // a block outside the pool: left out
+    CPK_UNROLL for (int c = 0; c < kCols; ++c) {
+      const int d = col + c * kSplitThreads;
+      if (d >= D) continue;
+      float v = to_f(vp[vo + d]);
+      if constexpr (kInt8) v *= s_vscale[j];
+      CPK_UNROLL for (int i = 0; i < kSplitHeads; ++i) {
+        const int g = grp + i * hg;
+        if (g < heads) acc[c][i] = fmaf(s_p[g][j], v, acc[c][i]);
+      }
+    }
+  }
+  CPK_UNROLL for (int i = 0; i < kSplitHeads; ++i) {
+    const int g = grp + i * hg;
+    if (g >= heads) continue;
+    const int h = h0 + g;
+    const long long o = (static_cast<long long>(row) * a.n_heads + h) * D;
+    CPK_UNROLL for (int c = 0; c < kCols; ++c) {
+      const int d = col + c * kSplitThreads;
+      if (d >= D) continue;
+      if (row_splits == 1) {
+        const float inv = s_l[g] > 0.f ? 1.f / s_l[g] : 0.f;  // no key (out of contract): zeros
+        store_out(a.out, q_dtype, o + d, acc[c][i] * inv);
+      } else {
+        split_acc(a, splits, row, h, split)[d] = acc[c][i];
+      }
+    }
+    if (row_splits > 1 && col == 0) {
+      float* ml = split_ml(a, splits, row, h, split);
+      ml[0] = s_m[g], ml[1] = s_l[g];
+    }
+  }
+}
+
+// Rows of more than one split: out = sum_s f_s acc_s / sum_s f_s l_s, f_s = 2^(m_s - max),
+// splits folded in order. grid (rows, query heads).
+__global__ void __launch_bounds__(kSplitThreads) paged_split_combine_kernel(const PagedAttnArgs a,
+                                                                             const DType q_dtype, const int splits) {
+  const int row = blockIdx.x, h = blockIdx.y;
+  const PagedSpan span = paged_span(a.context_lens[row], a.window, a.table_cols * a.block_size);
+  const int n = paged_splits(span.end - span.first);
+  if (n == 1) return;  // written by its one split
+  float m_all = -__builtin_huge_valf(), denom = 0.f;
+  for (int s = 0; s < n; ++s) m_all = fmaxf(m_all, split_ml(a, splits, row, h, s)[0]);
+  for (int s = 0; s < n; ++s) {
+    const float* ml = split_ml(a, splits, row, h, s);
+    denom = fmaf(paged_combine_factor(ml[0], m_all), ml[1], denom);
+  }
+  const float inv = denom > 0.f ? 1.f / denom : 0.f;
+  const long long o = (static_cast<long long>(row) * a.n_heads + h) * a.head_dim;
+  for (int d = threadIdx.x; d < a.head_dim; d += blockDim.x) {
+    float sum = 0.f;
+    for (int s = 0; s < n; ++s)
+      sum = fmaf(paged_combine_factor(split_ml(a, splits, row, h, s)[0], m_all), split_acc(a, splits, row, h, s)[d],
+                 sum);
+    store_out(a.out, q_dtype, o + d, sum * inv);
+  }
+}
+
+// The widest load (16 or 4 bytes, else one element) every K row allows: the pool's base, its
+// strides and head_dim's bytes all multiples of it.
+int split_load_bytes(const PagedAttnArgs& a, int elem_bytes) {
+  for (const int b : {16, 4}) {
+    if (b < elem_bytes) continue;
+    bool ok = reinterpret_cast<uintptr_t>(a.k_pool) % b == 0 && reinterpret_cast<uintptr_t>(a.v_pool) % b == 0 &&
+              (static_cast<long long>(a.head_dim) * elem_bytes) % b == 0;
+    for (int i = 0; i < 3; ++i) ok = ok && (a.k_stride[i] * elem_bytes) % b == 0 && (a.v_stride[i] * elem_bytes) % b == 0;
+    if (ok) return b;
+  }
+  return elem_bytes;
+}
+
+template <typename TKV, int kLoadBytes>
+cudaError_t launch_split_typed(DType q_dtype, const PagedAttnArgs& a, int splits, cudaStream_t stream) {
+  const int group = a.n_heads / a.n_kv_heads;
+  const dim3 grid(static_cast<unsigned>(a.rows),
+                  static_cast<unsigned>(a.n_kv_heads * ((group + kSplitHeads - 1) / kSplitHeads)),
+                  static_cast<unsigned>(splits));
+  if (a.head_dim > 128) paged_split_kernel<TKV, kLoadBytes, true><<<grid, kSplitThreads, 0, stream>>>(a, q_dtype, splits);
+  else paged_split_kernel<TKV, kLoadBytes, false><<<grid, kSplitThreads, 0, stream>>>(a, q_dtype, splits);
+  if (splits > 1) {
+    const dim3 cgrid(static_cast<unsigned>(a.rows), static_cast<unsigned>(a.n_heads));
+    paged_split_combine_kernel<<<cgrid, kSplitThreads, 0, stream>>>(a, q_dtype, splits);
+  }
+  return cudaGetLastError();
+}
+
+template <typename TKV>
+cudaError_t launch_split(DType q_dtype, const PagedAttnArgs& a, cudaStream_t stream) {
+  const int splits = launch_splits(a);
+  if (splits > 65535 || (splits > 1 && a.workspace == nullptr)) return cudaErrorInvalidValue;
+  switch (split_load_bytes(a, sizeof(TKV))) {
+    case 16: return launch_split_typed<TKV, 16>(q_dtype, a, splits, stream);
+    case 4:
+      if constexpr (sizeof(TKV) <= 4) return launch_split_typed<TKV, 4>(q_dtype, a, splits, stream);
+      break;
+    default: break;
+  }
+  return launch_split_typed<TKV, sizeof(TKV)>(q_dtype, a, splits, stream);
+}
+
+// ---- the heads kernel's launch --------------------------------------------------
+
 template <typename TQ, typename TKV>
 cudaError_t launch_typed(const PagedAttnArgs& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(a.n_heads));
@@ -138,15 +419,35 @@ cudaError_t launch_kv(DType kv_dtype, const PagedAttnArgs& a, cudaStream_t strea
   return cudaErrorInvalidValue;
 }
 
+std::atomic<int> g_kernel{static_cast<int>(PagedKernel::kSplit)};
+
 }  // namespace
+
+void set_paged_attention_kernel(PagedKernel kernel) { g_kernel.store(static_cast<int>(kernel)); }
+PagedKernel paged_attention_kernel() { return static_cast<PagedKernel>(g_kernel.load()); }
+
+long long paged_attention_workspace_floats(const PagedAttnArgs& a) {
+  if (paged_attention_kernel() != PagedKernel::kSplit || a.rows <= 0) return 0;
+  const int splits = launch_splits(a);
+  return splits <= 1 ? 0 : static_cast<long long>(a.rows) * a.n_heads * splits * (a.head_dim + 2);
+}
 
 cudaError_t launch_paged_decode_attention(DType q_dtype, DType kv_dtype, const PagedAttnArgs& a,
                                           cudaStream_t stream) {
   if (a.rows == 0) return cudaSuccess;
   if (a.rows < 0 || a.head_dim < 1 || a.head_dim > kPagedMaxHeadDim || a.n_kv_heads < 1 ||
       a.n_heads % a.n_kv_heads != 0 || a.n_heads < 1 || a.n_heads > kPagedMaxHeads || a.block_size < 1 ||
-      a.table_cols < 0 || a.num_blocks < 0 || a.window < 0)
+      a.table_cols < 0 || a.num_blocks < 0 || a.window < 0 || q_dtype == DType::kI8)
     return cudaErrorInvalidValue;
+  if (paged_attention_kernel() == PagedKernel::kSplit) {
+    switch (kv_dtype) {
+      case DType::kF16: return launch_split<__half>(q_dtype, a, stream);
+      case DType::kBF16: return launch_split<__nv_bfloat16>(q_dtype, a, stream);
+      case DType::kF32: return launch_split<float>(q_dtype, a, stream);
+      case DType::kI8: return launch_split<int8_t>(q_dtype, a, stream);
+    }
+    return cudaErrorInvalidValue;
+  }
   switch (q_dtype) {
     case DType::kF16: return launch_kv<__half>(kv_dtype, a, stream);
     case DType::kBF16: return launch_kv<__nv_bfloat16>(kv_dtype, a, stream);

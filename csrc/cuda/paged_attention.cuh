@@ -1,13 +1,17 @@
 // Paged decode attention (compress::paged_decode_attention): the __host__ __device__ parts
-// of the kernel in paged_attention.cu, so the host harness (tests/host_harness.cu) runs the
-// kernel's own addressing, online softmax and cross-warp combine on the CPU and
-// tests/csrc/test_cuda_host.py compares them with compress/ops/reference.py.
+// of the kernels in paged_attention.cu, so the host harness (tests/host_harness.cu) runs the
+// kernels' own addressing, softmax and combine on the CPU and tests/csrc/test_cuda_host.py
+// compares them with compress/ops/reference.py.
 //
-// One thread block per (row, query head), kPagedWarps warps: warp w takes the row's keys
-// first + w, first + w + kPagedWarps, ... (so consecutive keys of a block are read by
-// different warps at the same time), loading several before it reduces the first; lane l
-// holds head-dim elements l, l + 32, ... (up to kPagedMaxChunks of them). Each warp keeps an online softmax (running max m, sum l, and
-// the weighted value sum) over its keys; the block then combines the warps' partials.
+// Two kernels; set_paged_attention_kernel (kernels.h) picks one, the split kernel by default:
+// * split (below, kSplit*): one block per (row, kv head, up to 8 of its query heads, 256
+//   positions): the table walk and the K / V rows read once per GQA group, thread per key,
+//   and a combine kernel for rows of more than one split.
+// * heads (the baseline): one block per (row, query head), kPagedWarps warps: warp w takes the
+//   row's keys first + w, first + w + kPagedWarps, ..., loading several before it reduces
+//   the first; lane l holds head-dim elements l, l + 32, ... (up to kPagedMaxChunks). Each
+//   warp keeps an online softmax (running max m, sum l, and the weighted value sum) over its
+//   keys; the block then combines the warps' partials.
 // Scores are kept in base 2 (q pre-scaled by log2(e) / sqrt(D)), so each update is exp2.
 //
 // int8 pools (kv_cache_dtype int8, compress/ops/kv_int8.py): a row is head_dim int8
@@ -105,5 +109,36 @@ CPK_HD float paged_combine_factor(float m_w, float m_all) {
 
 // Launch geometry: grid (rows, query heads); the grid's y dimension holds up to 65535.
 constexpr int kPagedMaxHeads = 65535;
+
+// ---- the split kernel (the default): one block per (row, kv head, group of up to
+// kSplitHeads of its query heads, split of kSplitKeys positions) ----
+//
+//   scores: thread t takes the split's keys t, t + kSplitThreads, ...: it reads the key's
+//           whole row (16-byte loads where the pool allows) and folds q . k for each of the
+//           block's query heads, d = 0, 1, ... in order (q pre-scaled by log2 e / sqrt D)
+//   softmax: warp w takes heads w, w + kSplitWarps, ...: the max over the split's scores,
+//           p = 2^(s - max), and the sum l (lane j adds keys j, j + 32, ... in order, then
+//           the 16-8-4-2-1 butterfly, the same bits on every lane)
+//   p.V:    one accumulator per (head, column), keys in position order
+//   out:    a row of one split writes acc / l; more splits write (max, l, acc) and the
+//           combine kernel folds them in split order (paged_combine_*)
+//
+// The split length is fixed, so a row's bits depend on its own span alone, never on the
+// batch it runs in or the table's width.
+constexpr int kSplitKeys = 256;
+constexpr int kSplitHeads = 8;
+constexpr int kSplitWarps = 4;
+constexpr int kSplitThreads = 32 * kSplitWarps;
+
+// Splits of a span of n positions: at least one, so every row's first split writes its
+// output (zeros for a row with no key).
+CPK_HD int paged_splits(int n) { return n <= kSplitKeys ? 1 : (n + kSplitKeys - 1) / kSplitKeys; }
+
+// Block number of position `pos` in a row's table, or -1 when the entry names no block of
+// the pool (out of contract: the key is left out).
+CPK_HD int paged_block_of(const int32_t* table_row, int pos, int block_size, int num_blocks) {
+  const int blk = table_row[pos / block_size];
+  return blk < 0 || blk >= num_blocks ? -1 : blk;
+}
 
 }  // namespace cpk

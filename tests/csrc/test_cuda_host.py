@@ -391,29 +391,49 @@ def _paged_case(lens, hq, hkv, d, block_size, seed=5):
     return torch.randn(len(lens), hq, d, generator=g), k, v, tables, torch.tensor(lens, dtype=torch.int32)
 
 
-def _paged_emulated(lib, q, k, v, tables, lens, window):
-    """The emulated kernel over float32 pools, or int8 pools of rows ``[D + 4]``."""
+KERNELS = ["split", "heads"]
+
+
+def _paged_emulated(lib, q, k, v, tables, lens, window, kernel="split"):
+    """The emulated kernel (the split kernel, or the per-query-head one) over float32
+    pools, or int8 pools of rows ``[D + 4]``."""
     out = torch.full(q.shape, float("nan"))
-    fn = lib.cpk_paged_attention_emulated_int8 if k.dtype == torch.int8 else lib.cpk_paged_attention_emulated
+    name = "cpk_paged_attention_split_emulated" if kernel == "split" else "cpk_paged_attention_emulated"
+    fn = getattr(lib, name + ("_int8" if k.dtype == torch.int8 else ""))
     fn(_p(q), _p(k), _p(v), _p(tables), _p(lens), q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[0],
        k.shape[2], tables.shape[1], window, _p(out))
     return out
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("d", [64, 128, 80, 256])
-@pytest.mark.parametrize("heads", [(4, 4), (8, 2), (8, 1)], ids=lambda h: f"{h[0]}q{h[1]}kv")
-@pytest.mark.parametrize("window", [0, 1, 7, 21])
-def test_paged_attention_kernel_matches_reference(lib, d, heads, window):
-    """The kernel's loop structure (warps striding over a row's positions, lanes over
-    head_dim chunks, online softmax per warp, combine) with its own helpers, at lengths
-    around block boundaries (1, BS-1, BS, BS+1, 3 BS+5), GQA and windows."""
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2), (8, 1), (12, 1)], ids=lambda h: f"{h[0]}q{h[1]}kv")
+@pytest.mark.parametrize("window", [0, 1, 7, 21, 300])
+def test_paged_attention_kernel_matches_reference(lib, kernel, d, heads, window):
+    """Each kernel's loop structure with its own helpers (split: a thread per key, a warp
+    per head's softmax, splits of 256 positions and their combine; heads: warps striding
+    over a row's positions, lanes over head_dim chunks, online softmax per warp), at
+    lengths around block and split boundaries (1, BS-1, BS, BS+1, 3 BS+5, 256, 257, 600),
+    GQA groups of 1, 4, 8 and 12 (two groups of query heads a block) and windows."""
     bs = 16
-    q, k, v, tables, lens = _paged_case([1, bs - 1, bs, bs + 1, 3 * bs + 5], *heads, d, bs)
-    got = _paged_emulated(lib, q, k, v, tables, lens, window)
+    q, k, v, tables, lens = _paged_case([1, bs - 1, bs, bs + 1, 3 * bs + 5, 256, 257, 600], *heads, d, bs)
+    got = _paged_emulated(lib, q, k, v, tables, lens, window, kernel)
     torch.testing.assert_close(got, ref.paged_decode_attention(q, k, v, tables, lens, window), rtol=1e-5, atol=1e-5)
 
 
-def test_paged_attention_kernel_out_of_contract_reads_nothing_outside(lib):
+def test_paged_attention_split_kernel_gives_a_row_its_bits_whatever_its_batch(lib):
+    """The split length is fixed: a row's output does not depend on the rows beside it or
+    on the table's width (the CUDA graphs' tables are wider than a step needs)."""
+    q, k, v, tables, lens = _paged_case([700, 3, 300, 40], 8, 2, 64, 16)
+    together = _paged_emulated(lib, q, k, v, tables, lens, 0)
+    wide = torch.cat([tables, torch.full((4, 40), -1, dtype=torch.int32)], dim=1).contiguous()
+    for r in range(4):
+        alone = _paged_emulated(lib, q[r:r + 1].contiguous(), k, v, wide[r:r + 1].contiguous(), lens[r:r + 1], 0)
+        assert torch.equal(alone[0], together[r])
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_paged_attention_kernel_out_of_contract_reads_nothing_outside(lib, kernel):
     """Table entries outside the pool are left out, a length past the table's capacity is
     clamped, a length of 0 gives zeros: the kernel never forms an address outside the pools."""
     q, k, v, tables, lens = _paged_case([20, 5, 9], 4, 2, 64, 8)
@@ -422,7 +442,7 @@ def test_paged_attention_kernel_out_of_contract_reads_nothing_outside(lib):
     lens_bad = lens.clone()
     lens_bad[1] = 10_000            # clamped to the row's table capacity
     lens_bad[2] = 0                 # no key
-    got = _paged_emulated(lib, q, k, v, bad, lens_bad, 0)
+    got = _paged_emulated(lib, q, k, v, bad, lens_bad, 0, kernel)
     assert torch.isfinite(got).all() and not got[2].any()
     keep = torch.tensor([p for p in range(20) if not 8 <= p < 16])  # row 0 without its missing block
     k0 = torch.stack([k[int(tables[0, p // 8]), :, p % 8] for p in keep.tolist()])
@@ -432,20 +452,22 @@ def test_paged_attention_kernel_out_of_contract_reads_nothing_outside(lib):
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("d", [64, 20, 18, 128])
 @pytest.mark.parametrize("window", [0, 7])
-def test_paged_attention_kernel_reads_int8_rows(lib, d, window):
+def test_paged_attention_kernel_reads_int8_rows(lib, kernel, d, window):
     """int8 pools (kv_cache_dtype int8): the kernel reads each row's values and the fp32
     scale after them (unaligned where D + 4 is not a multiple of 4: D = 18) and matches
     the reference on the same rows, GQA, block boundaries and windows."""
     bs = 16
-    q, k, v, tables, lens = _paged_case([1, bs - 1, bs, bs + 1, 3 * bs + 5], 8, 2, d, bs)
+    q, k, v, tables, lens = _paged_case([1, bs - 1, bs, bs + 1, 3 * bs + 5, 300], 8, 2, d, bs)
     k8, v8 = kv_int8.quantize_rows(k), kv_int8.quantize_rows(v)
-    got = _paged_emulated(lib, q, k8, v8, tables, lens, window)
+    got = _paged_emulated(lib, q, k8, v8, tables, lens, window, kernel)
     torch.testing.assert_close(got, ref.paged_decode_attention(q, k8, v8, tables, lens, window), rtol=1e-5,
                                atol=1e-5)
     # the float kernel on the rows read back: the same arithmetic, so the same bits
-    back = _paged_emulated(lib, q, kv_int8.dequantize_rows(k8), kv_int8.dequantize_rows(v8), tables, lens, window)
+    back = _paged_emulated(lib, q, kv_int8.dequantize_rows(k8), kv_int8.dequantize_rows(v8), tables, lens, window,
+                           kernel)
     assert torch.equal(got, back)
 
 

@@ -382,29 +382,68 @@ def _paged_case(lens, hq, hkv, d, bs, q_dtype, kv_dtype, seed=3):
     return [t.to(DEV) for t in (q, k, v, tables, torch.tensor(lens, dtype=torch.int32))]
 
 
+@pytest.fixture(params=["split", "heads"])
+def paged_kernel(request):
+    """Each CUDA paged attention kernel in turn (the split kernel is the default)."""
+    before = ops.set_cuda_paged_attention_kernel(request.param)
+    yield request.param
+    ops.set_cuda_paged_attention_kernel(before)
+
+
 @pytest.mark.parametrize("q_dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("kv_dtype", [torch.float16, torch.bfloat16, torch.float32, torch.int8])
-@pytest.mark.parametrize("heads,d", [((8, 8), 64), ((32, 8), 128), ((8, 1), 80), ((4, 2), 18)])
-@pytest.mark.parametrize("window", [0, 9])
-def test_paged_decode_attention(q_dtype, kv_dtype, heads, d, window):
+@pytest.mark.parametrize("heads,d", [((8, 8), 64), ((32, 8), 128), ((8, 1), 80), ((4, 2), 18), ((12, 1), 256)])
+@pytest.mark.parametrize("window", [0, 9, 300])
+def test_paged_decode_attention(paged_kernel, q_dtype, kv_dtype, heads, d, window):
+    """Lengths around block and split boundaries (256 positions a split), GQA groups of 1,
+    2, 4, 8 and 12 (two groups of query heads a block in the split kernel), head dims 18
+    (int8 scales unaligned, element loads) to 256 (two columns a thread)."""
     bs = 16
-    q, k, v, tables, lens = _paged_case([1, bs - 1, bs, bs + 1, 3 * bs + 5, 700], *heads, d, bs, q_dtype, kv_dtype)
+    lens = [1, bs - 1, bs, bs + 1, 3 * bs + 5, 256, 257, 700]
+    q, k, v, tables, lens = _paged_case(lens, *heads, d, bs, q_dtype, kv_dtype)
     got = C.paged_decode_attention(q, k, v, tables, lens, window)
     want = ref.paged_decode_attention(q.cpu(), k.cpu(), v.cpu(), tables.cpu(), lens.cpu(), window)
     assert got.dtype == q_dtype and got.shape == q.shape
     tol = 1e-5 if q_dtype == torch.float32 else 1e-2
     torch.testing.assert_close(got.cpu(), want, rtol=tol, atol=tol)
-    torch.library.opcheck(C.paged_decode_attention.default, (q, k, v, tables, lens, window),
-                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+    if paged_kernel == "split" and window != 300:
+        torch.library.opcheck(C.paged_decode_attention.default, (q, k, v, tables, lens, window),
+                              test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
 
 
-def test_paged_decode_attention_int8_rows_read_as_their_float_values():
+def test_paged_decode_attention_int8_rows_read_as_their_float_values(paged_kernel):
     """int8 pools (a row's values, then its fp32 scale): the kernel reads float(q) * scale,
     so it gives what it gives on the float32 pools of the values read back."""
     q, k, v, tables, lens = _paged_case([1, 15, 16, 17, 53, 700], 8, 2, 64, 16, torch.float32, torch.int8)
     got = C.paged_decode_attention(q, k, v, tables, lens, 0)
     back = C.paged_decode_attention(q, kv_int8.dequantize_rows(k), kv_int8.dequantize_rows(v), tables, lens, 0)
     assert torch.equal(got, back)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.int8])
+def test_paged_decode_attention_gives_a_row_its_bits_whatever_its_batch(kv_dtype):
+    """The split kernel's splits are fixed lengths of a row's own span: a row alone, in a
+    batch, or with a wider table (the CUDA graphs' width) gives the same bits."""
+    q, k, v, tables, lens = _paged_case([700, 3, 300, 1500, 40], 8, 2, 128, 16, torch.float16, kv_dtype)
+    together = C.paged_decode_attention(q, k, v, tables, lens, 0)
+    wide = torch.cat([tables, torch.full((5, 50), -1, dtype=torch.int32, device=DEV)], dim=1).contiguous()
+    for r in range(5):
+        alone = C.paged_decode_attention(q[r:r + 1], k, v, wide[r:r + 1].contiguous(), lens[r:r + 1], 0)
+        assert torch.equal(alone[0], together[r])
+
+
+def test_paged_decode_attention_kernels_agree_on_long_rows():
+    """Both kernels on 4,000-position rows (16 splits) against the fp32 reference."""
+    q, k, v, tables, lens = _paged_case([4000, 2500, 1], 32, 4, 64, 16, torch.float16, torch.float16)
+    want = ref.paged_decode_attention(q.cpu().float(), k.cpu().float(), v.cpu().float(), tables.cpu(), lens.cpu(), 0)
+    before = ops.set_cuda_paged_attention_kernel("split")
+    try:
+        for name in ("split", "heads"):
+            ops.set_cuda_paged_attention_kernel(name)
+            got = C.paged_decode_attention(q, k, v, tables, lens, 0).float().cpu()
+            torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
+    finally:
+        ops.set_cuda_paged_attention_kernel(before)
 
 
 def test_paged_decode_attention_checks_arguments():

@@ -16,6 +16,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <tuple>
 
@@ -282,6 +283,11 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
   a.table_cols = static_cast<int>(tables.size(1));
   a.window = static_cast<int>(window);
   a.scale = 1.f / std::sqrt(static_cast<float>(q.size(2)));
+  at::Tensor workspace;  // the splits' partials, when a row may have more than one
+  if (const long long n = cpk::paged_attention_workspace_floats(a); n > 0) {
+    workspace = at::empty({n}, qc.options().dtype(at::kFloat));
+    a.workspace = workspace.data_ptr<float>();
+  }
   check_launch(cpk::launch_paged_decode_attention(dtype_of(qc), dtype_of(k_pool), a, stream()), op);
   return out;
 }
@@ -299,7 +305,27 @@ TORCH_LIBRARY_IMPL(compress, CUDA, m) {
   m.impl("paged_decode_attention", &compress_cuda::paged_decode_attention);
 }
 
+// set_paged_attention_kernel("split" | "heads"): the kernel paged_decode_attention launches
+// (kernels.h: PagedKernel); returns the previous one's name.
+static PyObject* py_set_paged_attention_kernel(PyObject*, PyObject* arg) {
+  const char* name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : nullptr;
+  if (name == nullptr || (std::strcmp(name, "split") != 0 && std::strcmp(name, "heads") != 0)) {
+    PyErr_SetString(PyExc_ValueError, "set_paged_attention_kernel: expected 'split' or 'heads'");
+    return nullptr;
+  }
+  const bool was_split = cpk::paged_attention_kernel() == cpk::PagedKernel::kSplit;
+  cpk::set_paged_attention_kernel(std::strcmp(name, "split") == 0 ? cpk::PagedKernel::kSplit
+                                                                  : cpk::PagedKernel::kHeads);
+  return PyUnicode_FromString(was_split ? "split" : "heads");
+}
+
+static PyMethodDef compress_cuda_methods[] = {
+    {"set_paged_attention_kernel", py_set_paged_attention_kernel, METH_O,
+     "The CUDA paged decode attention kernel: 'split' (a block per row, kv head and 256 positions; the default) "
+     "or 'heads' (a block per row and query head, the baseline); returns the previous one."},
+    {nullptr, nullptr, 0, nullptr}};
+
 static struct PyModuleDef compress_cuda_module = {PyModuleDef_HEAD_INIT, "_cuda", "compress CUDA kernels", -1,
-                                                  nullptr};
+                                                  compress_cuda_methods};
 
 PyMODINIT_FUNC PyInit__cuda(void) { return PyModule_Create(&compress_cuda_module); }
