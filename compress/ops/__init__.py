@@ -8,6 +8,7 @@ register faster implementations of the same ops on their dispatch keys.
 from __future__ import annotations
 
 import importlib
+import os
 import warnings
 
 import torch
@@ -44,6 +45,9 @@ def _load_native(import_module=importlib.import_module) -> None:
 
 
 _load_native()
+if _loaded.get("compress._cuda") and os.environ.get("COMPRESS_CUDA_PAGED_KERNEL"):
+    # the lab's switch for a whole run (compress bench model under each kernel)
+    importlib.import_module("compress._cuda").set_paged_attention_kernel(os.environ["COMPRESS_CUDA_PAGED_KERNEL"])
 
 
 def native_available(device: str = "cpu") -> bool:
@@ -67,7 +71,8 @@ def get_op(name: str, backend: str = "native"):
 def set_cuda_paged_attention_kernel(name: str) -> str:
     """The CUDA paged decode attention kernel: 'split' (a block per row, kv head and 256
     positions, the default) or 'heads' (a block per row and query head, the baseline that
-    csrc/cuda/lab/paged_attention_kv.py times it against); returns the previous one."""
+    csrc/cuda/lab/paged_attention_kv.py times it against); returns the previous one. The
+    environment variable COMPRESS_CUDA_PAGED_KERNEL sets it at import."""
     if not native_available("cuda"):
         raise RuntimeError("compress._cuda (the CUDA kernels) is not built")
     return importlib.import_module("compress._cuda").set_paged_attention_kernel(str(name))

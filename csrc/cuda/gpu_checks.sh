@@ -13,11 +13,12 @@
 #      TinyLlama's widths (16 layers) made here, int4 RTN;
 #   serve: compress serve --device cuda under compress bench serve (continuous batching
 #      against one sequence at a time; needs fastapi and uvicorn);
-#   attention: the paged decode attention kernel per K / V element type against the
-#      bandwidth roofline (csrc/cuda/lab/paged_attention_kv.py);
+#   attention: the paged decode attention kernels (split, heads) per K / V element type
+#      against each other and the bandwidth roofline (csrc/cuda/lab/paged_attention_kv.py);
+#   runtime-attention: decode at 512-token prompts under each of the two kernels;
 #   6. cpubench: times the CPU kernels at 2 threads on this CPU;
 #   asan: the CPU op tests against an AddressSanitizer build of compress._C.
-# Logs go to $LOG_DIR (default ./gpu-logs). Usage: csrc/cuda/gpu_checks.sh [info|build|cudaops|test|cpu|asan|bench|attention|runtime|serve|cpubench ...]
+# Logs go to $LOG_DIR (default ./gpu-logs). Usage: csrc/cuda/gpu_checks.sh [info|build|cudaops|test|cpu|asan|bench|attention|runtime|runtime-attention|serve|cpubench ...]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 LOG_DIR=$(mkdir -p "${LOG_DIR:-gpu-logs}" && cd "${LOG_DIR:-gpu-logs}" && pwd)
@@ -110,7 +111,7 @@ for step in "${steps[@]}"; do
         2>&1 | tee "$LOG_DIR/paged_attention_kv.log"
       [ ${PIPESTATUS[0]} -ne 0 ] && status=1
       ;;
-    runtime|serve)
+    runtime|serve|runtime-attention)
       assert_cuda_ops || exit 1
       model=${RUNTIME_MODEL_DIR:-build/gpu-bench-model}
       if [ ! -d "$model/rtn-int4" ]; then
@@ -118,7 +119,15 @@ for step in "${steps[@]}"; do
           --heads 32 --kv-heads 4 --dtype float16 --exports int4 >"$LOG_DIR/make_model.log" 2>&1 \
           || { tail -30 "$LOG_DIR/make_model.log"; status=1; continue; }
       fi
-      if [ "$step" = runtime ]; then
+      if [ "$step" = runtime-attention ]; then
+        # decode at 512-token prompts under each paged attention kernel, one process each
+        for kernel in heads split; do
+          COMPRESS_CUDA_PAGED_KERNEL=$kernel $PY -m compress.cli bench model "$model/rtn-int4" --device cuda \
+            --dtype float16 --engines compress --w4-activations float --kv-cache-dtypes model int8 \
+            --batch 1 16 64 --prompt-len 512 --new-tokens 64 --reps 3 \
+            --json "$LOG_DIR/bench_model_cuda_$kernel.json" 2>&1 | tee "$LOG_DIR/bench_model_cuda_$kernel.log" | tail -12
+        done
+      elif [ "$step" = runtime ]; then
         $PY -m compress.cli bench model "$model/rtn-int4" --hf "$model/hf" --device cuda --dtype float16 \
           --engines compress transformers --hf-dtypes float16 --w4-activations float --kv-cache-dtypes model \
           --cuda-graphs on off --batch 1 16 64 --prompt-len 128 --new-tokens 64 --reps 3 \
