@@ -198,14 +198,17 @@ CPK_D float* split_ml(const PagedAttnArgs& a, int splits, int row, int h, int sp
   return a.workspace + acc_floats + ((static_cast<long long>(row) * a.n_heads + h) * splits + split) * 2;
 }
 
-// kWide: head_dim > 128 (each thread two columns of p.V); kLoadBytes: the scores' row loads.
-template <typename TKV, int kLoadBytes, bool kWide>
-__global__ void __launch_bounds__(kSplitThreads, 8) paged_split_kernel(const PagedAttnArgs a, const DType q_dtype,
+// kChunks: head-dim columns of 32 a lane holds in p.V (2 / 4 / 8: head_dim <= 64 / 128 /
+// 256); kLoadBytes: the scores' row loads.
+template <typename TKV, int kLoadBytes, int kChunks>
+__global__ void __launch_bounds__(kSplitThreads, 2) paged_split_kernel(const PagedAttnArgs a, const DType q_dtype,
                                                                      const int splits) {
   constexpr bool kInt8 = std::is_same_v<TKV, int8_t>;
   constexpr int kVec = kLoadBytes / static_cast<int>(sizeof(TKV));
-  constexpr int kCols = kWide ? 2 : 1;
+  constexpr int kRowLoads = kVec >= 16 ? 2 : 4;  // K loads in flight a thread
+  constexpr int kKeysAPass = 16 / kChunks;  // V rows in flight a warp: 16 loads a lane
   const int row = blockIdx.x, split = blockIdx.z, tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
   const int D = a.head_dim, group = a.n_heads / a.n_kv_heads;
   const int groups_per_kv = (group + kSplitHeads - 1) / kSplitHeads;
   const int hk = blockIdx.y / groups_per_kv;
@@ -220,6 +223,7 @@ __global__ void __launch_bounds__(kSplitThreads, 8) paged_split_kernel(const Pag
   const TKV* vp = static_cast<const TKV*>(a.v_pool);
   const int32_t* table = a.block_tables + static_cast<long long>(row) * a.table_cols;
 
+  // s_q holds q until the scores are done, then the warps' V sums meet in it
   __shared__ __align__(16) float s_q[kSplitHeads][kPagedMaxHeadDim];
   __shared__ float s_p[kSplitHeads][kSplitKeys];
   __shared__ long long s_voff[kSplitKeys];
@@ -231,9 +235,9 @@ __global__ void __launch_bounds__(kSplitThreads, 8) paged_split_kernel(const Pag
     s_q[i / D][i % D] = load_q(a.q, q_dtype, (static_cast<long long>(row) * a.n_heads + h0) * D + i) * qscale;
   __syncthreads();
 
-  // scores: a thread per key
-  for (int j = tid; j < n; j += kSplitThreads) {
-    const int pos = first + j;
+  // scores: thread j takes key j, its row kRowLoads loads at a time, d in order
+  if (tid < n) {
+    const int j = tid, pos = first + j;
     const int blk = paged_block_of(table, pos, a.block_size, a.num_blocks);
     float sc[kSplitHeads];
     CPK_UNROLL for (int g = 0; g < kSplitHeads; ++g) sc[g] = 0.f;
@@ -247,15 +251,20 @@ __global__ void __launch_bounds__(kSplitThreads, 8) paged_split_kernel(const Pag
         kscale = int8_row_scale<kLoadBytes>(krow, D);
         s_vscale[j] = int8_row_scale<kLoadBytes>(vp + vo, D);
       }
-      for (int c = 0; c < D; c += kVec) {
-        float k[kVec];
-        load_elems<TKV, kLoadBytes>(krow + c, k);
-        if constexpr (kInt8) {
-          CPK_UNROLL for (int e = 0; e < kVec; ++e) k[e] *= kscale;
-        }
-        CPK_UNROLL for (int g = 0; g < kSplitHeads; ++g) {
-          if (g < heads) {
-            CPK_UNROLL for (int e = 0; e < kVec; ++e) sc[g] = fmaf(s_q[g][c + e], k[e], sc[g]);
+      for (int c0 = 0; c0 < D; c0 += kRowLoads * kVec) {
+        float k[kRowLoads][kVec];
+        CPK_UNROLL for (int u = 0; u < kRowLoads; ++u)
+          if (c0 + u * kVec < D) load_elems<TKV, kLoadBytes>(krow + c0 + u * kVec, k[u]);
+        CPK_UNROLL for (int u = 0; u < kRowLoads; ++u) {
+          const int c = c0 + u * kVec;
+          if (c >= D) break;
+          if constexpr (kInt8) {
+            CPK_UNROLL for (int e = 0; e < kVec; ++e) k[u][e] *= kscale;
+          }
+          CPK_UNROLL for (int g = 0; g < kSplitHeads; ++g) {
+            if (g < heads) {
+              CPK_UNROLL for (int e = 0; e < kVec; ++e) sc[g] = fmaf(s_q[g][c + e], k[u][e], sc[g]);
+            }
           }
         }
       }
@@ -267,7 +276,6 @@ __global__ void __launch_bounds__(kSplitThreads, 8) paged_split_kernel(const Pag
   __syncthreads();
 
   // softmax over the split: a warp per head
-  const int warp = tid / 32, lane = tid % 32;
   for (int g = warp; g < heads; g += kSplitWarps) {
     float mx = -__builtin_huge_valf();
     for (int j = lane; j < n; j += 32) mx = fmaxf(mx, s_p[g][j]);
@@ -283,48 +291,59 @@ __global__ void __launch_bounds__(kSplitThreads, 8) paged_split_kernel(const Pag
   }
   __syncthreads();
 
-  // p.V: column tid (and tid + 128) for every head of the block, or, head_dim <= 128,
-  // column tid % D for heads tid / D, tid / D + hg, ... (hg = 128 / D groups of threads)
-  const int hg = kWide ? 1 : kSplitThreads / D;
-  const int grp = kWide ? 0 : tid / D;
-  const int col = kWide ? tid : tid % D;
-  if (grp >= hg) return;
-  float acc[kCols][kSplitHeads];
-  CPK_UNROLL for (int c = 0; c < kCols; ++c)
-    CPK_UNROLL for (int i = 0; i < kSplitHeads; ++i) acc[c][i] = 0.f;
-#pragma unroll 4
-  for (int j = 0; j < n; ++j) {
-    const long long vo = s_voff[j];
-    if (vo < 0) continue;  // a block outside the pool: left out
-    CPK_UNROLL for (int c = 0; c < kCols; ++c) {
-      const int d = col + c * kSplitThreads;
-      if (d >= D) continue;
-      float v = to_f(vp[vo + d]);
-      if constexpr (kInt8) v *= s_vscale[j];
-      CPK_UNROLL for (int i = 0; i < kSplitHeads; ++i) {
-        const int g = grp + i * hg;
-        if (g < heads) acc[c][i] = fmaf(s_p[g][j], v, acc[c][i]);
+  // p.V: warp w takes keys 32 w .. 32 w + 31 in order, lane l columns l, l + 32, ... for
+  // every head; kKeysAPass V rows loaded before they are folded. A key outside the pool
+  // has p = 0 and v = 0 here: acc + 0 * 0 = acc (acc starts at +0, so it is never -0).
+  float acc[kChunks][kSplitHeads];
+  CPK_UNROLL for (int c = 0; c < kChunks; ++c)
+    CPK_UNROLL for (int g = 0; g < kSplitHeads; ++g) acc[c][g] = 0.f;
+  const int j_end = min(n, (warp + 1) * kSplitKeysAWarp);
+  for (int j0 = warp * kSplitKeysAWarp; j0 < j_end; j0 += kKeysAPass) {
+    float v[kKeysAPass][kChunks];
+    CPK_UNROLL for (int u = 0; u < kKeysAPass; ++u) {
+      const int j = j0 + u;
+      const long long vo = j < j_end ? s_voff[j] : -1;
+      const float vs = kInt8 && vo >= 0 ? s_vscale[kInt8 ? j : 0] : 1.f;
+      CPK_UNROLL for (int c = 0; c < kChunks; ++c) {
+        const int d = lane + 32 * c;
+        v[u][c] = vo >= 0 && d < D ? to_f(vp[vo + d]) * vs : 0.f;
+      }
+    }
+    CPK_UNROLL for (int u = 0; u < kKeysAPass; ++u) {
+      const int j = j0 + u;
+      if (j >= j_end) break;
+      CPK_UNROLL for (int g = 0; g < kSplitHeads; ++g) {
+        if (g < heads) {
+          const float p = s_p[g][j];
+          CPK_UNROLL for (int c = 0; c < kChunks; ++c) acc[c][g] = fmaf(p, v[u][c], acc[c][g]);
+        }
       }
     }
   }
-  CPK_UNROLL for (int i = 0; i < kSplitHeads; ++i) {
-    const int g = grp + i * hg;
-    if (g >= heads) continue;
-    const int h = h0 + g;
-    const long long o = (static_cast<long long>(row) * a.n_heads + h) * D;
-    CPK_UNROLL for (int c = 0; c < kCols; ++c) {
-      const int d = col + c * kSplitThreads;
-      if (d >= D) continue;
-      if (row_splits == 1) {
-        const float inv = s_l[g] > 0.f ? 1.f / s_l[g] : 0.f;  // no key (out of contract): zeros
-        store_out(a.out, q_dtype, o + d, acc[c][i] * inv);
-      } else {
-        split_acc(a, splits, row, h, split)[d] = acc[c][i];
+  // the warps' sums, added in warp order into s_q (free since the scores)
+  for (int w = 0; w < kSplitWarps; ++w) {
+    if (warp == w) {
+      CPK_UNROLL for (int g = 0; g < kSplitHeads; ++g) {
+        if (g >= heads) continue;
+        CPK_UNROLL for (int c = 0; c < kChunks; ++c) {
+          const int d = lane + 32 * c;
+          if (d < D) s_q[g][d] = w == 0 ? acc[c][g] : s_q[g][d] + acc[c][g];
+        }
       }
     }
-    if (row_splits > 1 && col == 0) {
-      float* ml = split_ml(a, splits, row, h, split);
-      ml[0] = s_m[g], ml[1] = s_l[g];
+    __syncthreads();
+  }
+  for (int i = tid; i < heads * D; i += kSplitThreads) {
+    const int g = i / D, d = i % D, h = h0 + g;
+    if (row_splits == 1) {
+      const float inv = s_l[g] > 0.f ? 1.f / s_l[g] : 0.f;  // no key (out of contract): zeros
+      store_out(a.out, q_dtype, (static_cast<long long>(row) * a.n_heads + h) * D + d, s_q[g][d] * inv);
+    } else {
+      split_acc(a, splits, row, h, split)[d] = s_q[g][d];
+      if (d == 0) {
+        float* ml = split_ml(a, splits, row, h, split);
+        ml[0] = s_m[g], ml[1] = s_l[g];
+      }
     }
   }
 }
@@ -373,8 +392,10 @@ cudaError_t launch_split_typed(DType q_dtype, const PagedAttnArgs& a, int splits
   const dim3 grid(static_cast<unsigned>(a.rows),
                   static_cast<unsigned>(a.n_kv_heads * ((group + kSplitHeads - 1) / kSplitHeads)),
                   static_cast<unsigned>(splits));
-  if (a.head_dim > 128) paged_split_kernel<TKV, kLoadBytes, true><<<grid, kSplitThreads, 0, stream>>>(a, q_dtype, splits);
-  else paged_split_kernel<TKV, kLoadBytes, false><<<grid, kSplitThreads, 0, stream>>>(a, q_dtype, splits);
+  const int chunks = (a.head_dim + 31) / 32;
+  if (chunks <= 2) paged_split_kernel<TKV, kLoadBytes, 2><<<grid, kSplitThreads, 0, stream>>>(a, q_dtype, splits);
+  else if (chunks <= 4) paged_split_kernel<TKV, kLoadBytes, 4><<<grid, kSplitThreads, 0, stream>>>(a, q_dtype, splits);
+  else paged_split_kernel<TKV, kLoadBytes, 8><<<grid, kSplitThreads, 0, stream>>>(a, q_dtype, splits);
   if (splits > 1) {
     const dim3 cgrid(static_cast<unsigned>(a.rows), static_cast<unsigned>(a.n_heads));
     paged_split_combine_kernel<<<cgrid, kSplitThreads, 0, stream>>>(a, q_dtype, splits);

@@ -111,24 +111,26 @@ CPK_HD float paged_combine_factor(float m_w, float m_all) {
 constexpr int kPagedMaxHeads = 65535;
 
 // ---- the split kernel (the default): one block per (row, kv head, group of up to
-// kSplitHeads of its query heads, split of kSplitKeys positions) ----
+// kSplitHeads of its query heads, split of kSplitKeys positions), kSplitWarps warps ----
 //
-//   scores: thread t takes the split's keys t, t + kSplitThreads, ...: it reads the key's
-//           whole row (16-byte loads where the pool allows) and folds q . k for each of the
-//           block's query heads, d = 0, 1, ... in order (q pre-scaled by log2 e / sqrt D)
+//   scores:  thread j takes the split's key j: it reads the key's whole row (16-byte loads
+//            where the pool allows, several in flight) and folds q . k for each of the
+//            block's query heads, d = 0, 1, ... in order (q pre-scaled by log2 e / sqrt D)
 //   softmax: warp w takes heads w, w + kSplitWarps, ...: the max over the split's scores,
-//           p = 2^(s - max), and the sum l (lane j adds keys j, j + 32, ... in order, then
-//           the 16-8-4-2-1 butterfly, the same bits on every lane)
-//   p.V:    one accumulator per (head, column), keys in position order
-//   out:    a row of one split writes acc / l; more splits write (max, l, acc) and the
-//           combine kernel folds them in split order (paged_combine_*)
+//            p = 2^(s - max), and the sum l (lane j adds keys j, j + 32, ... in order, then
+//            the 16-8-4-2-1 butterfly, the same bits on every lane)
+//   p.V:     warp w folds keys 32 w .. 32 w + 31 in order (lane l: columns l, l + 32, ...)
+//            for every head; then the warps' sums are added in warp order
+//   out:     a row of one split writes acc / l; more splits write (max, l, acc) and the
+//            combine kernel folds them in split order (paged_combine_*)
 //
 // The split length is fixed, so a row's bits depend on its own span alone, never on the
 // batch it runs in or the table's width.
 constexpr int kSplitKeys = 256;
 constexpr int kSplitHeads = 8;
-constexpr int kSplitWarps = 4;
-constexpr int kSplitThreads = 32 * kSplitWarps;
+constexpr int kSplitWarps = 8;
+constexpr int kSplitThreads = 32 * kSplitWarps;      // a thread per key of the scores
+constexpr int kSplitKeysAWarp = kSplitKeys / kSplitWarps;  // p.V: warp w's keys 32 w ..
 
 // Splits of a span of n positions: at least one, so every row's first split writes its
 // output (zeros for a row with no key).

@@ -540,8 +540,9 @@ static void paged_attention_emulated(const float* q, const TKV* k_pool, const TK
 
 // The split kernel (paged_attention.cu) for every (row, kv head, group of up to kSplitHeads
 // query heads, split) block, in its own order: scores d = 0, 1, ... per key; each head's max
-// and its lanes' sums over keys j, j + 32, ... then the butterfly; p.V keys in order; a row of
-// one split writes acc / l, more splits go through the combine's fold in split order.
+// and its lanes' sums over keys j, j + 32, ... then the butterfly; p.V per warp over its 32
+// keys in order, the warps' sums added in warp order; a row of one split writes acc / l,
+// more splits go through the combine's fold in split order.
 // Pools and q / out as paged_attention_emulated's.
 template <typename TKV>
 static void paged_attention_split_emulated(const float* q, const TKV* k_pool, const TKV* v_pool,
@@ -593,10 +594,14 @@ static void paged_attention_split_emulated(const float* q, const TKV* k_pool, co
           std::memcpy(lane_sum, next, sizeof(next));
         }
         m[split] = mx, l[split] = lane_sum[0];
-        for (int j = 0; j < n; ++j) {
-          if (voff[j] < 0) continue;
-          for (int d = 0; d < D; ++d)
-            acc[split * D + d] = __builtin_fmaf(p[j], value(v_pool + voff[j], d), acc[split * D + d]);
+        std::vector<float> warp_acc(D);
+        for (int w = 0; w < kSplitWarps; ++w) {  // warp w: keys 32 w .. 32 w + 31, then added in warp order
+          std::fill(warp_acc.begin(), warp_acc.end(), 0.f);
+          for (int j = w * kSplitKeysAWarp; j < std::min(n, (w + 1) * kSplitKeysAWarp); ++j) {
+            if (voff[j] < 0) continue;
+            for (int d = 0; d < D; ++d) warp_acc[d] = __builtin_fmaf(p[j], value(v_pool + voff[j], d), warp_acc[d]);
+          }
+          for (int d = 0; d < D; ++d) acc[split * D + d] = w == 0 ? warp_acc[d] : acc[split * D + d] + warp_acc[d];
         }
       }
       float* o = out + (static_cast<long long>(row) * n_heads + h) * D;
