@@ -12,7 +12,10 @@ Groups: the packed GEMMs (our kernels, lm_head included when it is packed), dens
 matmuls, attention, norms, and everything else (views, copies, elementwise ops, the
 sampler). Decode only: a 1-token run (prefill) is profiled too and subtracted. The
 time of a step that falls in no op is the interpreter between ops and the engine's
-scheduling (inflated by the profiler's own cost)."""
+scheduling (inflated by the profiler's own cost).
+
+``--host`` measures that engine side instead, in microseconds a decode step with the
+forward taken out, on the native, CUDA-graph and module paths (``host_profile.py``)."""
 from __future__ import annotations
 
 import json
@@ -114,6 +117,15 @@ def format_profile(result: dict, tokens: int) -> str:
 def main(args) -> int:
     from compress.runtime import LLM
 
+    if args.host:
+        from compress.bench.host_profile import run_host
+
+        results = run_host(args)
+        if args.json:
+            atomic_write_text(args.json, json.dumps({"path": str(args.path), "threads": args.threads,
+                                                     "host": results}, indent=1))
+            print(f"# wrote {args.json}")
+        return 0
     torch.set_num_threads(args.threads)
     llm = LLM(args.path, threads=args.threads, native_decode=not args.module_path, enable_prefix_caching=False)
     runner = llm.engine.runner
@@ -139,3 +151,6 @@ def add_arguments(p) -> None:
     p.add_argument("--module-path", action="store_true",
                    help="run decode steps op by op through the modules instead of the native one-call step")
     p.add_argument("--json", help="write the per-group figures to this file")
+    from compress.bench.host_profile import add_host_arguments
+
+    add_host_arguments(p)

@@ -185,18 +185,20 @@ class LLMEngine:
             spec_outputs = self.speculative.step(self, batch.seqs, batch.num_new_tokens)
             if spec_outputs is not None:
                 return outputs + spec_outputs
-        greedy = all(s.params.greedy and not s.params.modifies_logits for s in batch.seqs)
+        greedy = all(s.plain_greedy for s in batch.seqs)
         t0 = time.perf_counter()
         out = self.runner.run(batch.seqs, batch.num_new_tokens, greedy=greedy)
         seconds = time.perf_counter() - t0
         prompt_tokens = decode_rows = 0
+        register = self.block_manager.register_full_blocks if self.block_manager.enable_prefix_caching else None
         for seq, n in zip(out.seqs, out.num_new_tokens):
-            if seq.num_tokens - seq.num_computed_tokens > 1 or not seq.output_ids:  # prompt (or recompute)
+            if len(seq.token_ids) - seq.num_computed_tokens > 1 or not seq.output_ids:  # prompt (or recompute)
                 prompt_tokens += n
             else:
                 decode_rows += 1
             seq.num_computed_tokens += n
-            self.block_manager.register_full_blocks(seq)
+            if register is not None:
+                register(seq)
         self.tokens_prefilled += prompt_tokens
         if self.step_log is not None:
             self.step_log.add(time.time(), seconds, decode_rows, prompt_tokens)
@@ -225,9 +227,9 @@ class LLMEngine:
         whether ``seq`` has now finished."""
         seq.append(token, logprob)
         self.tokens_generated += 1
-        if seq.num_tokens >= self.max_seq_len:
+        if len(seq.token_ids) >= self.model.max_seq_len:
             seq.finish("length")
-        return seq.finished
+        return seq.finish_reason is not None
 
     def _finished(self, seq: Sequence) -> RequestOutput:
         self.scheduler.finish(seq)

@@ -36,7 +36,8 @@ NATIVE_STEP_TOKENS = 8192
 class StepOutput:
     """``seqs`` (the step's rows, one-token rows first) and, for the rows whose next token
     is due (``sampled``, indices into ``seqs``), fp32 ``logits [len(sampled), V]`` and,
-    when asked for greedy tokens and the native step gave them, each one's argmax."""
+    when asked for greedy tokens and the native step gave them, each one's argmax. Logits
+    of a CUDA-graph step are a view of the graph's output, valid until the next step."""
     seqs: list[Sequence]
     num_new_tokens: list[int]
     sampled: list[int]
@@ -65,6 +66,8 @@ class ModelRunner:
         """Computes ``num_new_tokens[i]`` tokens of ``seqs[i]`` from its
         ``num_computed_tokens`` on (the caller has secured their blocks; it advances
         ``num_computed_tokens`` afterwards)."""
+        if num_new_tokens.count(1) == len(seqs):
+            return self._one_token_rows(seqs, num_new_tokens, greedy)
         order = ([i for i, n in enumerate(num_new_tokens) if n == 1]
                  + [i for i, n in enumerate(num_new_tokens) if n != 1])
         if order != list(range(len(seqs))):
@@ -73,14 +76,7 @@ class ModelRunner:
         sampled = [r for r, (s, n) in enumerate(zip(seqs, num_new_tokens))
                    if s.num_computed_tokens + n == s.num_tokens]
         cache = self.kv_cache
-        graphs = self.graphs
-        if (graphs is not None and len(sampled) == len(seqs) == num_new_tokens.count(1)
-                and len(seqs) <= graphs.max_batch):
-            logits = graphs.decode([s.token_ids[s.num_computed_tokens] for s in seqs],
-                                   [s.num_computed_tokens for s in seqs], [s.block_table for s in seqs])
-            return StepOutput(seqs, num_new_tokens, sampled, logits)
-        if self.native is not None and (len(order) == num_new_tokens.count(1)
-                                        or sum(num_new_tokens) <= NATIVE_STEP_TOKENS):
+        if self.native is not None and sum(num_new_tokens) <= NATIVE_STEP_TOKENS:
             last = list(itertools.accumulate(num_new_tokens, initial=-1))[1:]   # each row's last token
             rows = [last[r] for r in sampled]
             logits, tokens = self._native([s.token_ids[s.num_computed_tokens:s.num_computed_tokens + n]
@@ -100,6 +96,30 @@ class ModelRunner:
         if sampled:
             logits = self.model.logits(hidden)
         return StepOutput(seqs, num_new_tokens, sampled, logits)
+
+    def _one_token_rows(self, seqs: list[Sequence], num_new_tokens: list[int], greedy: bool) -> StepOutput:
+        """``run`` of a step whose rows all bring one token (decodes, and prompts' one-token
+        chunks): the step's CUDA graph when every row wants its logits, else the native
+        plan, else the module path. The rows' inputs are read off the sequences in one
+        pass, no reordering needed."""
+        starts = [s.num_computed_tokens for s in seqs]
+        tokens = [s.token_ids[c] for s, c in zip(seqs, starts)]
+        tables = [s.block_table for s in seqs]
+        sampled = [r for r, (s, c) in enumerate(zip(seqs, starts)) if c + 1 == len(s.token_ids)]
+        graphs = self.graphs
+        if graphs is not None and len(sampled) == len(seqs) <= graphs.max_batch:
+            return StepOutput(seqs, num_new_tokens, sampled, graphs.decode(tokens, starts, tables))
+        if self.native is not None:
+            logits, chosen = self.native.decode(tokens, starts, self.kv_cache.k, self.kv_cache.v,
+                                                block_table_tensor(tables, self.device), greedy,
+                                                None if len(sampled) == len(seqs) else sampled)
+            return StepOutput(seqs, num_new_tokens, sampled, logits if sampled else None, chosen)
+        batch = build_step_batch([[t] for t in tokens], starts, tables, self.kv_cache.block_size, self.device)
+        last = None   # every row's hidden state
+        if len(sampled) < len(seqs):
+            last = torch.tensor(sampled, dtype=torch.int64, device=self.device)
+        hidden = self.model.forward_paged(batch, self.kv_cache, last)
+        return StepOutput(seqs, num_new_tokens, sampled, self.model.logits(hidden) if sampled else None)
 
     @torch.inference_mode()
     def forward_tokens(self, tokens: list[list[int]], starts: list[int], tables: list,

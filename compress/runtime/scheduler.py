@@ -100,7 +100,7 @@ class Scheduler:
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
-            remaining = seq.num_tokens - seq.num_computed_tokens
+            remaining = len(seq.token_ids) - seq.num_computed_tokens
             n = min(remaining, budget)
             if remaining > 1 and prefill_left is not None:  # a prompt's next chunk
                 n = min(n, prefill_left)
@@ -108,16 +108,18 @@ class Scheduler:
                     i += 1  # runs on in a later step
                     continue
                 prefill_left -= n
-            if bm.blocks_for(seq.num_computed_tokens + n) > bm.num_blocks:
+            blocks = bm.blocks_for(seq.num_computed_tokens + n)
+            if blocks > bm.num_blocks:
                 self._too_long(seq, out)
                 continue
-            while not bm.can_append(seq, n):
+            while blocks > len(seq.block_table) and not bm.can_append(seq, n):   # (most steps take no block)
                 victim = running.pop()
                 self._preempt(victim, out)
                 if victim is seq:
                     break
             else:
-                bm.append_slots(seq, n)
+                if blocks > len(seq.block_table):
+                    bm.append_slots(seq, n)
                 out.seqs.append(seq)
                 out.num_new_tokens.append(n)
                 budget -= n

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import time
+import weakref
 from array import array
 from dataclasses import dataclass, field
 
@@ -39,7 +40,8 @@ class RequestOutput:
     everything generated so far; ``finish_reason``: 'stop' (eos, stop token or stop
     string), 'length' (max_tokens, the model's max_seq_len, or a KV cache too small for
     the sequence) or 'abort'; ``None`` while running. ``logprobs``: one entry per
-    generated token when ``SamplingParams.logprobs`` is set. ``metrics``: arrival,
+    generated token when ``SamplingParams.logprobs`` is set (``prompt_token_ids`` is one
+    list that a request's outputs share). ``metrics``: arrival,
     first-scheduled, first-token and finish times (``time.perf_counter`` seconds),
     ``prefill_s`` (first scheduled to first token), ``decode_s`` / ``decode_steps``
     (first token to finish, and the tokens after the first), prompt and cached tokens."""
@@ -58,7 +60,7 @@ def _decoder(tokenizer):
     """``ids -> text`` (special tokens skipped). A transformers fast tokenizer that neither
     overrides its decoding nor cleans up spaces decodes as its Rust backend does: call the
     backend directly, without transformers' Python layers (a quarter of the time; a decode
-    step makes two such calls per sequence, on caches the weights have just swept)."""
+    step makes such a call per sequence, on caches the weights have just swept)."""
     from transformers import PreTrainedTokenizerFast  # here: the runtime imports no transformers eagerly
 
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -70,27 +72,62 @@ def _decoder(tokenizer):
     return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
 
 
+# tokenizer -> (the code of its _decoder, {token id: the token's text alone})
+_SINGLE_TOKENS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _remembering_decoder(tokenizer):
+    """``_decoder(tokenizer)`` that remembers the text of single tokens, in one table per
+    tokenizer that its sequences share (a vocabulary's entries at most; a new table when
+    ``_decoder`` takes another path for it). In ``IncrementalDetokenizer``'s steady state
+    one of a token's two windows is the token before it alone, so a decode step calls the
+    tokenizer once a sequence instead of twice. Decoding is a function of the ids: the
+    text is the same either way."""
+    decode = _decoder(tokenizer)
+    try:
+        entry = _SINGLE_TOKENS.get(tokenizer)
+        if entry is None or entry[0] is not decode.__code__:
+            entry = _SINGLE_TOKENS[tokenizer] = (decode.__code__, {})
+    except TypeError:   # a tokenizer that takes no weak reference
+        entry = (decode.__code__, {})
+    single = entry[1]
+
+    def remembered(ids):
+        if len(ids) != 1:
+            return decode(ids)
+        text = single.get(ids[0])
+        if text is None:
+            text = single[ids[0]] = decode(ids)
+        return text
+    return remembered
+
+
 class IncrementalDetokenizer:
     """Text of generated tokens, decoded a few tokens at a time.
 
     Decodes the window ``tokens[prefix:]`` and releases what it adds beyond
     ``tokens[prefix:read]``; holds back while the tail is an incomplete UTF-8
     sequence. Seeding the window with the end of the prompt keeps tokenizers that
-    drop a leading space right."""
+    drop a leading space right. The text of ``tokens[prefix:read]`` is decoded once per
+    window (held back, the next token reuses it)."""
 
     def __init__(self, tokenizer, prompt_ids: list[int]):
         self.tokenizer = tokenizer
-        self.decode = _decoder(tokenizer)
+        self.decode = _remembering_decoder(tokenizer)
         self.tokens = list(prompt_ids[-6:])
         self.prefix = 0
         self.read = len(self.tokens)
+        self.before: str | None = None   # text of tokens[prefix:read], once decoded
 
     def add(self, token: int) -> str:
         self.tokens.append(token)
-        before = self.decode(self.tokens[self.prefix:self.read])
+        before = self.before
+        if before is None:
+            before = self.before = self.decode(self.tokens[self.prefix:self.read])
         after = self.decode(self.tokens[self.prefix:])
         if len(after) > len(before) and not after.endswith("\ufffd"):
             self.prefix, self.read = self.read, len(self.tokens)
+            self.before = None
             return after[len(before):]
         return ""
 
@@ -113,6 +150,7 @@ class Sequence:
         self.num_registered_blocks = 0     # leading blocks of block_table the prefix cache knows
         self.num_preemptions = 0
         self.generator = params.make_generator()  # a seeded request's own draws
+        self.plain_greedy = params.greedy and not params.modifies_logits   # the model's argmax is the token
         self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
         # times (time.perf_counter)
         self.arrival_time = time.perf_counter() if arrival_time is None else float(arrival_time)
@@ -125,6 +163,7 @@ class Sequence:
         self.stops = params.stop if self.detok is not None else []
         self.holdback = max((len(s) for s in self.stops), default=1) - 1
         self.released = 0
+        self._prompt_ids_out: list[int] | None = None   # the prompt's ids as every output gives them
 
     @property
     def num_tokens(self) -> int:
@@ -185,7 +224,12 @@ class Sequence:
         return m
 
     def output(self) -> RequestOutput:
-        text = self.text if self.finished else self.text[:max(0, len(self.text) - self.holdback)]
-        return RequestOutput(self.prompt, list(self.prompt_ids), text, list(self.output_ids), self.finish_reason,
-                             self.metrics(), self.request_id, self.finished,
-                             None if self.logprobs is None else list(self.logprobs))
+        """The request's state now. Its outputs share one copy of the prompt's ids (made on
+        the first), so a step costs no copy of the prompt."""
+        finished = self.finish_reason is not None
+        text = self.text if finished or not self.holdback else self.text[:max(0, len(self.text) - self.holdback)]
+        if self._prompt_ids_out is None:
+            self._prompt_ids_out = list(self.prompt_ids)
+        return RequestOutput(self.prompt, self._prompt_ids_out, text, self.output_ids[:], self.finish_reason,
+                             self.metrics(), self.request_id, finished,
+                             None if self.logprobs is None else self.logprobs[:])

@@ -90,6 +90,8 @@ def build_step_batch(tokens: list[list[int]], starts: list[int], tables, block_s
     dec_pos = starts[:nd]
     dec_blk = [tables[r][p // block_size] for r, p in enumerate(dec_pos)]
     dec_off = [p % block_size for p in dec_pos]
+    if nd == b > 0:
+        return _one_token_batch([t[0] for t in tokens], dec_pos, dec_blk, dec_off, tables, block_size, device)
     positions = torch.tensor(dec_pos, dtype=torch.int64)
     block_idx = torch.tensor(dec_blk, dtype=torch.int64)
     block_off = torch.tensor(dec_off, dtype=torch.int64)
@@ -116,3 +118,20 @@ def build_step_batch(tokens: list[list[int]], starts: list[int], tables, block_s
                      torch.tensor(context, dtype=torch.int32, device=dev),
                      (block_idx * block_size + block_off).to(dev), block_idx.to(dev), block_off.to(dev),
                      block_table_tensor(tables, dev), nd, prefill_rows)
+
+
+def _one_token_batch(ids: list[int], positions: list[int], blocks: list[int], offsets: list[int], tables,
+                     block_size: int, device) -> StepBatch:
+    """``build_step_batch`` of one-token rows only (a decode step): the int64 fields are
+    views of one buffer made from one array of Python ints (one copy to the device)."""
+    b = len(ids)
+    slots = [x * block_size + o for x, o in zip(blocks, offsets)]
+    flat = torch.frombuffer(array("q", [*ids, *positions, *blocks, *offsets, *slots, *range(b + 1)]),
+                            dtype=torch.int64)
+    context = torch.frombuffer(array("i", [p + 1 for p in positions]), dtype=torch.int32)
+    dev = torch.device(device)
+    if dev.type != "cpu":
+        flat, context = flat.to(dev), context.to(dev)
+    ids_t, pos_t, blk_t, off_t, slot_t = flat[:5 * b].view(5, b)
+    return StepBatch(ids_t, pos_t, flat[5 * b:], context, slot_t, blk_t, off_t, block_table_tensor(tables, dev),
+                     b, [])

@@ -209,7 +209,7 @@ class EngineLoop:
             new_ids = [int(t) for t in token_ids[live.sent_tokens:]]
             new_lps = []
             if live.logprobs is not None:
-                records = list(out.logprobs or [])[live.sent_tokens:len(token_ids)]
+                records = (out.logprobs or [])[live.sent_tokens:len(token_ids)]
                 new_lps = [from_engine(t, r, live.logprobs) for t, r in zip(new_ids, records)]
             live.sent_tokens = len(token_ids)
             new_tokens += len(new_ids)

@@ -39,3 +39,22 @@ def test_profile_module_path_makes_one_attention_call_per_layer(tiny_llama_dir, 
 def test_profile_needs_a_decode_step(tiny_llama_dir, capsys, one_thread):
     assert main(["bench", "profile", str(tiny_llama_dir), "--tokens", "1", "--threads", "1"]) == 2
     assert "--tokens must be at least 2" in capsys.readouterr().err
+
+
+def test_host_profile_times_every_path_without_the_forward(tiny_llama_dir, tmp_path, capsys, one_thread):
+    """`--host`: a step's time less its forward, per path and batch; the forward calls are
+    timed inside the step, so the host's part is positive and below the whole step, and
+    cProfile's list (the profiler paused in the forward) names the engine's functions."""
+    out = tmp_path / "host.json"
+    assert main(["bench", "profile", str(tiny_llama_dir), "--host", "--threads", "1", "--batch", "1", "3",
+                 "--new-tokens", "4", "--prompt-len", "4", "--rounds", "1", "--cprofile", "30",
+                 "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["host"]
+    paths = ["graphs", "module"] + (["native"] if has_native_step else [])
+    assert sorted((r["path"], r["batch"]) for r in rows) == sorted((p, b) for p in paths for b in (1, 3))
+    for r in rows:
+        assert 0 < r["host_us"] < r["step_us"] and r["steps"] == 3
+        names = [f["function"] for f in r["cprofile"]]
+        assert any("llm_engine.py" in n for n in names)
+        assert not any("models/llama.py" in n for n in names), names   # the forward is left out
+    assert "host us/row" in capsys.readouterr().out

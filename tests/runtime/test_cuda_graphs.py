@@ -1,6 +1,8 @@
 """The CUDA-graph decode step's plumbing (``runtime/cuda_graphs.py``), checked on the CPU
 with ``capture_eager``: the static buffers, the batch buckets, rows padded with row 0,
 the block tables' width. The capture itself runs on a GPU (tests/runtime/test_cuda_runtime.py)."""
+from array import array
+
 import pytest
 import torch
 
@@ -66,3 +68,25 @@ def test_decode_refuses_what_the_graphs_cannot_take(llama_dir):
 def test_graphs_stay_off_the_cpu(llama_dir):
     assert LLM(llama_dir).runner.graphs is None
     assert LLM(llama_dir, cuda_graphs=False).runner.graphs is None
+
+
+def test_steps_write_the_tables_that_changed(llama_dir):
+    """A step copies the block tables only when one differs from the bucket's last step:
+    equal tables are left as they are on the device, a table of the same length with
+    another block is written, and so are list tables."""
+    llm = _with_eager_graphs(llama_dir, 2)
+    graphs = llm.runner.graphs
+    inputs = graphs.inputs[2]
+    with torch.inference_mode():
+        graphs.decode([5, 6], [17, 3], [array("i", [1, 2]), array("i", [3])])
+        assert inputs.block_tables[:, :2].tolist() == [[1, 2], [3, 0]]
+        inputs.block_tables.fill_(9)   # marks what the device holds (block 9 is in the pool)
+        graphs.decode([5, 6], [18, 4], [array("i", [1, 2]), array("i", [3])])
+        assert inputs.block_tables[:, :2].tolist() == [[9, 9], [9, 9]]
+        graphs.decode([5, 6], [18, 4], [array("i", [1, 4]), array("i", [3])])
+        assert inputs.block_tables[:, :2].tolist() == [[1, 4], [3, 0]]   # past a table: what the host held
+        inputs.block_tables.fill_(9)
+        graphs.decode([5, 6], [18, 4], [[1, 4], [3]])
+        assert inputs.block_tables[:, :2].tolist() == [[1, 4], [3, 0]]
+        assert inputs.ints.tolist() == [[5, 6], [18, 4], [4, 3], [2, 4], [4 * 16 + 2, 3 * 16 + 4]]   # 16-token blocks
+        assert inputs.context_lens.tolist() == [19, 5]

@@ -3,6 +3,8 @@ same keys: one-token rows and prefill chunks starting anywhere, in one mixed ste
 odd lengths and block boundaries, shuffled blocks, GQA, windows, half-size caches."""
 from __future__ import annotations
 
+from array import array
+
 import pytest
 import torch
 
@@ -101,6 +103,20 @@ def test_step_batch_descriptor():
     assert batch.last_token_index().tolist() == [0, 1, 6]
     with pytest.raises(ValueError, match="one-token rows first"):
         build_step_batch([[1, 2], [3]], [0, 0], [[0], [1]], 4)
+
+
+def test_one_token_step_descriptor():
+    """A step of one-token rows only (its fields views of one buffer) describes what the
+    general construction does: the rows of the mixed step above, without the chunk."""
+    tables = [array("i", [5, 2]), [7]]
+    batch = build_step_batch([[11], [12]], [5, 0], tables, 4)
+    fields = {"token_ids": [11, 12], "positions": [5, 0], "query_start": [0, 1, 2], "context_lens": [6, 1],
+              "slot_mapping": [9, 28], "block_idx": [2, 7], "block_off": [1, 0], "block_tables": [[5, 2], [7, 0]]}
+    for name, want in fields.items():
+        got = getattr(batch, name)
+        assert got.tolist() == want and got.is_contiguous(), name
+    assert batch.token_ids.dtype == batch.slot_mapping.dtype == torch.int64 and batch.context_lens.dtype == torch.int32
+    assert batch.num_decodes == 2 and batch.prefill_rows == [] and batch.last_token_index().tolist() == [0, 1]
 
 
 def test_sdpa_masks_are_causal_from_the_chunk_start():
