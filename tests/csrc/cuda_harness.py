@@ -31,7 +31,8 @@ def build_harness() -> Path:
     if nvcc is None:
         pytest.skip("nvcc not found (set NVCC or install the CUDA toolkit): CUDA host tests skipped")
     return build_cached_library(
-        "cuda_host", [HARNESS] + [CUDA_DIR / name for name in HEADERS],
+        "cuda_host", [HARNESS, HARNESS.parent / "paged_attention_emulated.h"]
+        + [CUDA_DIR / name for name in HEADERS],
         lambda out: [nvcc, "-std=c++17", "-O2", "-arch=sm_80", "-Werror", "all-warnings",
                      "-Xcompiler", "-fPIC,-Wall,-Werror", "-shared", str(HARNESS), "-o", str(out)])
 
