@@ -168,38 +168,21 @@ static void paged_attention_split_emulated(const float* q, const TKV* k_pool, co
   }
 }
 
+// C entry points: name, emulator, pool element type (float pools, or int8 rows [D + 4]).
+#define CPK_PAGED_ENTRY(name, emulator, T)                                                                     \
+  void name(const float* q, const T* k_pool, const T* v_pool, const int32_t* tables, const int32_t* lens,     \
+            int rows, int n_heads, int n_kv_heads, int head_dim, int num_blocks, int block_size,              \
+            int table_cols, int window, float* out) {                                                         \
+    emulator(q, k_pool, v_pool, tables, lens, rows, n_heads, n_kv_heads, head_dim, num_blocks, block_size,    \
+             table_cols, window, out);                                                                        \
+  }
+
 extern "C" {
 
-void cpk_paged_attention_emulated(const float* q, const float* k_pool, const float* v_pool, const int32_t* tables,
-                                  const int32_t* lens, int rows, int n_heads, int n_kv_heads, int head_dim,
-                                  int num_blocks, int block_size, int table_cols, int window, float* out) {
-  paged_attention_emulated(q, k_pool, v_pool, tables, lens, rows, n_heads, n_kv_heads, head_dim, num_blocks,
-                           block_size, table_cols, window, out);
-}
-
-void cpk_paged_attention_emulated_int8(const float* q, const int8_t* k_pool, const int8_t* v_pool,
-                                       const int32_t* tables, const int32_t* lens, int rows, int n_heads,
-                                       int n_kv_heads, int head_dim, int num_blocks, int block_size, int table_cols,
-                                       int window, float* out) {
-  paged_attention_emulated(q, k_pool, v_pool, tables, lens, rows, n_heads, n_kv_heads, head_dim, num_blocks,
-                           block_size, table_cols, window, out);
-}
-
-void cpk_paged_attention_split_emulated(const float* q, const float* k_pool, const float* v_pool,
-                                        const int32_t* tables, const int32_t* lens, int rows, int n_heads,
-                                        int n_kv_heads, int head_dim, int num_blocks, int block_size, int table_cols,
-                                        int window, float* out) {
-  paged_attention_split_emulated(q, k_pool, v_pool, tables, lens, rows, n_heads, n_kv_heads, head_dim, num_blocks,
-                                 block_size, table_cols, window, out);
-}
-
-void cpk_paged_attention_split_emulated_int8(const float* q, const int8_t* k_pool, const int8_t* v_pool,
-                                             const int32_t* tables, const int32_t* lens, int rows, int n_heads,
-                                             int n_kv_heads, int head_dim, int num_blocks, int block_size,
-                                             int table_cols, int window, float* out) {
-  paged_attention_split_emulated(q, k_pool, v_pool, tables, lens, rows, n_heads, n_kv_heads, head_dim, num_blocks,
-                                 block_size, table_cols, window, out);
-}
+CPK_PAGED_ENTRY(cpk_paged_attention_emulated, paged_attention_emulated, float)
+CPK_PAGED_ENTRY(cpk_paged_attention_emulated_int8, paged_attention_emulated, int8_t)
+CPK_PAGED_ENTRY(cpk_paged_attention_split_emulated, paged_attention_split_emulated, float)
+CPK_PAGED_ENTRY(cpk_paged_attention_split_emulated_int8, paged_attention_split_emulated, int8_t)
 
 // paged_int8_row_scale of a row of D values at `row` (any alignment)
 float cpk_paged_int8_row_scale(const int8_t* row, int D) { return paged_int8_row_scale(row, D); }
