@@ -26,7 +26,7 @@ from array import array
 
 import torch
 
-from compress.runtime.step_batch import StepBatch
+from compress.runtime.step_batch import StepBatch, one_token_fields
 
 
 def capture_cuda(fn, pool):
@@ -149,11 +149,7 @@ class DecodeGraphs:
         used_width = max(map(len, tables))
         if used_width > self.width:
             raise ValueError(f"a block table is longer than the graphs' {self.width} blocks")
-        bs = self.kv_cache.block_size
-        blk = [t[p // bs] for t, p in zip(tables, positions)]
-        off = [p % bs for p in positions]
-        slot = [x * bs + o for x, o in zip(blk, off)]
-        context = [p + 1 for p in positions]
+        blk, off, slot, context = one_token_fields(positions, tables, self.kv_cache.block_size)
         pad = b - n
         if pad:
             tokens, positions, blk, off, slot, context = [v + [v[0]] * pad for v in

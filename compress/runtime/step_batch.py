@@ -88,10 +88,10 @@ def build_step_batch(tokens: list[list[int]], starts: list[int], tables, block_s
     if any(n == 1 for n in q_lens[nd:]) or any(n < 1 for n in q_lens):
         raise ValueError(f"rows must bring >= 1 token, one-token rows first; got {q_lens}")
     dec_pos = starts[:nd]
+    if nd == b > 0:
+        return _one_token_batch([t[0] for t in tokens], dec_pos, tables, block_size, device)
     dec_blk = [tables[r][p // block_size] for r, p in enumerate(dec_pos)]
     dec_off = [p % block_size for p in dec_pos]
-    if nd == b > 0:
-        return _one_token_batch([t[0] for t in tokens], dec_pos, dec_blk, dec_off, tables, block_size, device)
     positions = torch.tensor(dec_pos, dtype=torch.int64)
     block_idx = torch.tensor(dec_blk, dtype=torch.int64)
     block_off = torch.tensor(dec_off, dtype=torch.int64)
@@ -120,15 +120,22 @@ def build_step_batch(tokens: list[list[int]], starts: list[int], tables, block_s
                      block_table_tensor(tables, dev), nd, prefill_rows)
 
 
-def _one_token_batch(ids: list[int], positions: list[int], blocks: list[int], offsets: list[int], tables,
-                     block_size: int, device) -> StepBatch:
+def one_token_fields(positions: list[int], tables, block_size: int):
+    """Block index, offset in the block, slot and context length of one-token rows at
+    ``positions`` with block tables ``tables`` (Python ints, four lists)."""
+    blocks = [t[p // block_size] for t, p in zip(tables, positions)]
+    offsets = [p % block_size for p in positions]
+    return blocks, offsets, [x * block_size + o for x, o in zip(blocks, offsets)], [p + 1 for p in positions]
+
+
+def _one_token_batch(ids: list[int], positions: list[int], tables, block_size: int, device) -> StepBatch:
     """``build_step_batch`` of one-token rows only (a decode step): the int64 fields are
     views of one buffer made from one array of Python ints (one copy to the device)."""
     b = len(ids)
-    slots = [x * block_size + o for x, o in zip(blocks, offsets)]
+    blocks, offsets, slots, context = one_token_fields(positions, tables, block_size)
     flat = torch.frombuffer(array("q", [*ids, *positions, *blocks, *offsets, *slots, *range(b + 1)]),
                             dtype=torch.int64)
-    context = torch.frombuffer(array("i", [p + 1 for p in positions]), dtype=torch.int32)
+    context = torch.frombuffer(array("i", context), dtype=torch.int32)
     dev = torch.device(device)
     if dev.type != "cpu":
         flat, context = flat.to(dev), context.to(dev)

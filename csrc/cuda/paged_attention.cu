@@ -126,11 +126,6 @@ __global__ void __launch_bounds__(32 * kPagedWarps) paged_decode_attention_kerne
 
 // ---- the split kernel -------------------------------------------------------
 
-CPK_D float to_f(__half v) { return __half2float(v); }
-CPK_D float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-CPK_D float to_f(float v) { return v; }
-CPK_D float to_f(int8_t v) { return static_cast<float>(v); }
-
 // Element i of the 32-bit words w, as fp32.
 template <typename TKV>
 CPK_D float elem_of_words(const uint32_t* w, int i) {
@@ -147,7 +142,7 @@ CPK_D float elem_of_words(const uint32_t* w, int i) {
 template <typename TKV, int kLoadBytes>
 CPK_D void load_elems(const TKV* p, float* out) {
   if constexpr (kLoadBytes == static_cast<int>(sizeof(TKV))) {
-    out[0] = to_f(*p);
+    out[0] = kv_value(*p, 1.f);  // int8: float(q), the row's scale applied by the caller
   } else {
     constexpr int N = kLoadBytes / static_cast<int>(sizeof(TKV));
     uint32_t w[kLoadBytes / 4];
@@ -306,7 +301,7 @@ __global__ void __launch_bounds__(kSplitThreads, 2) paged_split_kernel(const Pag
       const float vs = kInt8 && vo >= 0 ? s_vscale[kInt8 ? j : 0] : 1.f;
       CPK_UNROLL for (int c = 0; c < kChunks; ++c) {
         const int d = lane + 32 * c;
-        v[u][c] = vo >= 0 && d < D ? to_f(vp[vo + d]) * vs : 0.f;
+        v[u][c] = vo >= 0 && d < D ? kv_value(vp[vo + d], vs) : 0.f;
       }
     }
     CPK_UNROLL for (int u = 0; u < kKeysAPass; ++u) {
