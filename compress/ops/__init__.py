@@ -47,6 +47,9 @@ def _load_native(import_module=importlib.import_module) -> None:
 _load_native()
 if _loaded.get("compress._cuda") and os.environ.get("COMPRESS_CUDA_PAGED_KERNEL"):
     # the lab's switch for a whole run (compress bench model under each kernel)
+    if os.environ["COMPRESS_CUDA_PAGED_KERNEL"] not in ("split", "heads"):
+        raise ValueError(f"COMPRESS_CUDA_PAGED_KERNEL={os.environ['COMPRESS_CUDA_PAGED_KERNEL']!r}: "
+                         "expected 'split' or 'heads'")
     importlib.import_module("compress._cuda").set_paged_attention_kernel(os.environ["COMPRESS_CUDA_PAGED_KERNEL"])
 
 
