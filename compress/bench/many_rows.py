@@ -4,7 +4,8 @@ machinery of the lab ``csrc/cpu/lab/ab_many_rows.py``.
 Paths: ``int16``, the W8A8 int16 GEMM (csrc/cpu/w8a8_i16_avx2.inc) against the byte
 tiles (AVX2 CPUs without VNNI); ``amx``, the W8A8 AMX-INT8 tiles (csrc/cpu/w8a8_amx.inc)
 against the VNNI tiles; ``w4-amx``, the W4A16 AMX-BF16 tiles (csrc/cpu/w4a16_amx.inc)
-against the int8 tiles (CPUs with AMX); ``w4-panel``, the W4A8 panel GEMM
+against the int8 tiles (CPUs with AMX); ``w4-lanes-amx``, the lanes op's AMX-INT8 tiles
+(csrc/cpu/w4a8_lanes_amx.inc) against its AVX-512 tiles, both on the lanes layout; ``w4-panel``, the W4A8 panel GEMM
 (csrc/cpu/w4a8_panel.inc) against the four-row int8 tiles (AVX-512 VNNI); ``w4-float-panel``,
 the float op's panel GEMM (csrc/cpu/w4a16_panel.inc) against its register tiles and
 at::mm. Elsewhere both settings run the same kernel.
@@ -45,6 +46,8 @@ PATHS = {
     "int16": ManyRowPath(ops.set_w8a8_int16_min_rows, ops.w8a8_int16_min_rows, "int16", "bytes", "int16 GEMM", True),
     "amx": ManyRowPath(ops.set_w8a8_amx_min_rows, ops.w8a8_amx_min_rows, "amx", "vnni", "AMX tiles", True),
     "w4-amx": ManyRowPath(ops.set_w4a16_amx_min_rows, ops.w4a16_amx_min_rows, "amx", "int8", "W4A16 AMX tiles", False),
+    "w4-lanes-amx": ManyRowPath(ops.set_w4a8_lanes_amx_min_rows, ops.w4a8_lanes_amx_min_rows, "amx", "lanes",
+                                "W4A8 lanes AMX tiles", True),
     "w4-panel": ManyRowPath(ops.set_w4a8_panel_min_rows, ops.w4a8_panel_min_rows, "panel", "rows4",
                             "W4A8 panel GEMM", False),
     "w4-float-panel": ManyRowPath(ops.set_w4a16_panel_min_rows, ops.w4a16_panel_min_rows, "panel", "tiles|mm",
@@ -52,7 +55,7 @@ PATHS = {
 }
 # The int4 paths run the int8-activation op (w4a8_gemm_prepared) and, with --model, a
 # model built with w4_activations="int8"; the float panel the float op (w4a16_gemm_prepared).
-W4_PATHS = ("w4-amx", "w4-panel")
+W4_PATHS = ("w4-amx", "w4-panel", "w4-lanes-amx")
 W4_FLOAT_PATHS = ("w4-float-panel",)
 # Least SQNR between the two sides of an inexact path: one GEMM, and a whole model's
 # logits, where the two roundings compound over every layer (the 345M benchmark Llama's
@@ -100,6 +103,7 @@ def usable(path: str) -> bool:
     isa = ops.cpu_isa()
     return {"int16": isa == "avx2", "amx": isa == "avx512_vnni" and ops.w8a8_amx_available(),
             "w4-amx": isa == "avx512_vnni" and ops.w4a16_amx_available(),
+            "w4-lanes-amx": isa == "avx512_vnni" and ops.w8a8_amx_available(),
             "w4-panel": isa == "avx512_vnni", "w4-float-panel": isa == "avx512_vnni"}[path]
 
 
@@ -109,8 +113,15 @@ def default_path() -> str:
 
 def _prepared_gemm(path: str, n: int, k: int, g: torch.Generator):
     """The path's prepared op on random weights of N x K: a function of x."""
-    from compress.ops.reference import pack_int4, w4a16_prepare_cpu, w8a8_tile_cpu
+    from compress.ops.reference import pack_int4, w4a8_prepare_lanes, w4a16_prepare_cpu, w8a8_tile_cpu
 
+    if path == "w4-lanes-amx":
+        group = 128 if k % 128 == 0 else 32
+        prepared = w4a8_prepare_lanes(
+            pack_int4(torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)),
+            (torch.rand(n, k // group, generator=g) * 0.02 + 1e-3).half(),
+            torch.randint(0, 16, (n, k // group), generator=g, dtype=torch.uint8))
+        return lambda x: torch.ops.compress.w4a8_gemm_lanes(x, *prepared, group, n)
     if path in W4_PATHS + W4_FLOAT_PATHS:
         group = 128 if k % 128 == 0 else 32
         prepared = w4a16_prepare_cpu(

@@ -177,6 +177,21 @@ def w4a8_panel_min_rows() -> int:
     return _cpu_module().w4a8_panel_min_rows()
 
 
+def set_w4a8_lanes_amx_min_rows(rows: int) -> int:
+    """Fewest rows (M) for which the int8-activation int4 op on the lanes layout
+    (``w4a8_gemm_lanes``, what the runtime prepares) at the avx512_vnni level takes the
+    AMX-INT8 tiles (csrc/cpu/w4a8_lanes_amx.inc) instead of the AVX-512 lanes tiles, where
+    the CPU and OS allow AMX (default 64, never one row); returns the previous value. Both
+    give the same bits: a tuning knob, and what csrc/cpu/lab/ab_many_rows.py --path
+    w4-lanes-amx uses to time one against the other."""
+    return _cpu_module().set_w4a8_lanes_amx_min_rows(int(rows))
+
+
+def w4a8_lanes_amx_min_rows() -> int:
+    """The current row threshold of the lanes op's AMX tiles (see set_w4a8_lanes_amx_min_rows)."""
+    return _cpu_module().w4a8_lanes_amx_min_rows()
+
+
 def set_w4a16_panel_min_rows(rows: int) -> int:
     """Fewest rows (M) for which the float-activation int4 ops (``w4a16_gemm*``) at the
     avx512_vnni level take their panel GEMM (csrc/cpu/w4a16_panel.inc: 16 activation rows

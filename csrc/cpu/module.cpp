@@ -5,7 +5,8 @@
 // w8a8_int16_min_rows, set_w8a8_amx_min_rows, w8a8_amx_min_rows, w8a8_amx_available), the
 // W4A8 op's AMX tiles' (set_w4a16_amx_min_rows, w4a16_amx_min_rows, w4a16_amx_available) and panel
 // GEMM's (set_w4a8_panel_min_rows, w4a8_panel_min_rows), the lanes op's tile pairs
-// (set_w4a8_lanes_pair_min_rows, w4a8_lanes_pair_min_rows) and their threads' take-over of
+// (set_w4a8_lanes_pair_min_rows, w4a8_lanes_pair_min_rows), its AMX-INT8 tiles
+// (set_w4a8_lanes_amx_min_rows, w4a8_lanes_amx_min_rows) and their threads' take-over of
 // each other's tiles (set_lanes_tile_stealing, set_lanes_test_hold_us, lanes_tiles_stolen), the
 // float W4A16 op's at::mm threshold (set_w4a16_mm_min_rows, w4a16_mm_min_rows), paged
 // attention's chunk and row kernel switches (set_paged_group_kernel, set_paged_row_kernel) and
@@ -87,6 +88,9 @@ static PyObject* py_set_w4a16_panel_min_rows(PyObject*, PyObject* arg) {
 static PyObject* py_set_w4a8_lanes_pair_min_rows(PyObject*, PyObject* arg) {
   return set_min_rows("set_w4a8_lanes_pair_min_rows", arg, compress_cpu::lanes::set_pair_min_rows);
 }
+static PyObject* py_set_w4a8_lanes_amx_min_rows(PyObject*, PyObject* arg) {
+  return set_min_rows("set_w4a8_lanes_amx_min_rows", arg, compress_cpu::lanes::set_amx_min_rows);
+}
 static PyObject* py_set_w4a16_mm_min_rows(PyObject*, PyObject* arg) {
   return set_min_rows("set_w4a16_mm_min_rows", arg, compress_cpu::w4::set_float_mm_min_rows);
 }
@@ -145,6 +149,11 @@ static PyMethodDef compress_c_methods[] = {
      "activation broadcast serves 32 weight rows; the same bits as one tile a call); returns the previous value."},
     {"w4a8_lanes_pair_min_rows", py_get_rows<compress_cpu::lanes::pair_min_rows>, METH_NOARGS,
      "Fewest rows for which w4a8_gemm_lanes runs two tiles a call (set_w4a8_lanes_pair_min_rows)."},
+    {"set_w4a8_lanes_amx_min_rows", py_set_w4a8_lanes_amx_min_rows, METH_O,
+     "Fewest rows for which w4a8_gemm_lanes at the avx512_vnni level takes the AMX-INT8 tiles where the CPU and "
+     "OS allow AMX (never one row; the same bits as the AVX-512 tiles); returns the previous value."},
+    {"w4a8_lanes_amx_min_rows", py_get_rows<compress_cpu::lanes::amx_min_rows>, METH_NOARGS,
+     "Fewest rows for which w4a8_gemm_lanes takes the AMX-INT8 tiles (set_w4a8_lanes_amx_min_rows)."},
     {"set_lanes_tile_stealing", py_set_switch<compress_cpu::set_parts_stealing>, METH_O,
      "Whether the lanes ops' threads, done with their own run of weight tiles, take over the rest of another's "
      "(default true; which thread computes a tile moves no bit); returns the previous value."},

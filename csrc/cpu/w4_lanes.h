@@ -34,6 +34,13 @@ constexpr int64_t kActBudget = 256 << 10;
 int64_t set_pair_min_rows(int64_t rows);
 int64_t pair_min_rows();
 
+// Fewest activation rows for which the int8 op takes the AMX-INT8 tiles
+// (w4a8_lanes_amx.inc; the same bits as the AVX-512 tiles) where the CPU and OS allow
+// AMX; set returns the previous value.
+constexpr int64_t kAmxMinRows = 64;
+int64_t set_amx_min_rows(int64_t rows);
+int64_t amx_min_rows();
+
 // Group sizes an op takes: the int8 op's blocks (32, or a multiple of 64), or any multiple
 // of 8 (whole words) for the float op.
 enum class Groups { kInt8Blocks, kWords };

@@ -32,6 +32,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu/amx_common.h"
 #include "cpu/kernel_common.h"
 #include "cpu/ops.h"
 #include "cpu/w4a16_common.h"
@@ -42,9 +43,12 @@ namespace compress_cpu {
 
 namespace {
 std::atomic<int64_t> g_pair_min_rows{12};
+std::atomic<int64_t> g_amx_min_rows{lanes::kAmxMinRows};
 }
 int64_t lanes::set_pair_min_rows(int64_t rows) { return g_pair_min_rows.exchange(rows); }
 int64_t lanes::pair_min_rows() { return g_pair_min_rows.load(std::memory_order_relaxed); }
+int64_t lanes::set_amx_min_rows(int64_t rows) { return g_amx_min_rows.exchange(rows); }
+int64_t lanes::amx_min_rows() { return g_amx_min_rows.load(std::memory_order_relaxed); }
 
 namespace {
 
@@ -274,6 +278,12 @@ void lanes_scalar(const LaneArgs& a, int64_t t0, int64_t t1) {
   }
 }
 
+// ---- AMX-INT8 (on top of the AVX-512 VNNI level) ------------------------------------
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")
+#include "cpu/w4a8_lanes_amx.inc"
+#pragma GCC pop_options
+
 at::Tensor lanes_run(const at::Tensor& x_in, const at::Tensor& qweight, const at::Tensor& scale, const at::Tensor& zeros,
                      int64_t G, int64_t n, at::Tensor* out) {
   const at::Tensor x = x_in.contiguous();
@@ -284,6 +294,16 @@ at::Tensor lanes_run(const at::Tensor& x_in, const at::Tensor& qweight, const at
   const LaneArgs a{M, N, K, G, KC, NG, qweight.size(0), reinterpret_cast<const uint8_t*>(qweight.data_ptr<int32_t>()),
                    scale.data_ptr<float>(), zeros.data_ptr<uint8_t>(), q.xq, q.xs, q.xg, y.data_ptr<float>()};
   const Isa isa = active_isa();
+  if (isa == Isa::Avx512Vnni && M >= std::max<int64_t>(2, lanes::amx_min_rows()) && amx_int8_available()) {
+    const AmxActivations xa(a);
+    const AmxRows all = xa.rows();
+    lanes::for_passes(M, K, kAmxLaneRows, a.T, [&](int64_t m0, int64_t rows, int64_t t0, int64_t t1) {
+      LaneArgs b = a;
+      b.M = rows, b.y = a.y + m0 * N;
+      lanes_amx(b, all.from(m0, K, NG), t0, t1);
+    });
+    return out ? y : float_to_activation_dtype(y, x.scalar_type());
+  }
   lanes::for_passes(M, K, kMaxRows, a.T, [&](int64_t m0, int64_t rows, int64_t t0, int64_t t1) {
     LaneArgs b = a;
     b.M = rows, b.xq = a.xq + m0 * KC * kChunk, b.xs = a.xs + m0 * KC * 8, b.xg = a.xg + m0 * NG, b.y = a.y + m0 * N;

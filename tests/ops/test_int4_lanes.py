@@ -131,6 +131,39 @@ def test_tile_pairs_move_no_bit(n):
         _C.set_w4a8_lanes_pair_min_rows(0)
 
 
+amx = pytest.mark.skipif(not (ops.native_available("cpu") and ops.cpu_isa() == "avx512_vnni"
+                               and ops.w8a8_amx_available()), reason="needs AMX-INT8 (and the OS's permission)")
+
+
+@amx
+@pytest.mark.parametrize("n,k,group", [(37, 256, 32), (64, 512, 128), (21, 384, 64), (45, 512, 256), (300, 1024, 128)])
+def test_amx_tiles_give_the_bits_of_the_avx512_tiles(n, k, group):
+    """From w4a8_lanes_amx_min_rows rows, on CPUs with AMX-INT8, the op takes tdpbsud tiles
+    (csrc/cpu/w4a8_lanes_amx.inc): the same exact int32 dots a block of 32 and the same
+    float steps after them, so the same bytes as the AVX-512 tiles, for row counts off the
+    16-row tiles, partial last weight tiles, groups of one block, and rows alone."""
+    x, qweight, scales, zeros = _case(70, n, k, group, seed=n)
+    prepared = reference.w4a8_prepare_lanes(qweight, scales, zeros)
+    gemm = torch.ops.compress.w4a8_gemm_lanes
+    before = ops.set_w4a8_lanes_amx_min_rows(2)
+    try:
+        for m in (2, 7, 16, 17, 33, 70):
+            ops.set_w4a8_lanes_amx_min_rows(2)
+            tiles = gemm(x[:m], *prepared, group, n)
+            ops.set_w4a8_lanes_amx_min_rows(1 << 40)
+            assert torch.equal(tiles, gemm(x[:m], *prepared, group, n)), m
+        ops.set_w4a8_lanes_amx_min_rows(2)
+        assert torch.equal(gemm(x[5:6], *prepared, group, n), tiles[5:6])   # one row: the AVX-512 tiles
+    finally:
+        ops.set_w4a8_lanes_amx_min_rows(before)
+
+
+@native
+def test_amx_rows_threshold_refuses_zero():
+    with pytest.raises(ValueError, match="rows must be >= 1"):
+        ops.set_w4a8_lanes_amx_min_rows(0)
+
+
 @native
 def test_bad_arguments_name_what_is_wrong():
     x, qweight, scales, zeros = _case(2, 20, 256, 64)
