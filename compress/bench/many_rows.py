@@ -5,16 +5,16 @@ Paths: ``int16``, the W8A8 int16 GEMM (csrc/cpu/w8a8_i16_avx2.inc) against the b
 tiles (AVX2 CPUs without VNNI); ``amx``, the W8A8 AMX-INT8 tiles (csrc/cpu/w8a8_amx.inc)
 against the VNNI tiles; ``w4-amx``, the W4A16 AMX-BF16 tiles (csrc/cpu/w4a16_amx.inc)
 against the int8 tiles (CPUs with AMX); ``w4-lanes-amx``, the lanes op's AMX-INT8 tiles
-(csrc/cpu/w4a8_lanes_amx.inc) against its AVX-512 tiles, both on the lanes layout; ``w4-panel``, the W4A8 panel GEMM
-(csrc/cpu/w4a8_panel.inc) against the four-row int8 tiles (AVX-512 VNNI); ``w4-float-panel``,
-the float op's panel GEMM (csrc/cpu/w4a16_panel.inc) against its register tiles and
+(csrc/cpu/w4a8_lanes_amx.inc) against its AVX-512 tiles, both on the lanes layout
+(``w4a8_gemm_lanes``); ``w4-panel``, the W4A8 panel GEMM (csrc/cpu/w4a8_panel.inc) against
+the four-row int8 tiles (AVX-512 VNNI); ``w4-float-panel``, the float op's panel GEMM (csrc/cpu/w4a16_panel.inc) against its register tiles and
 at::mm. Elsewhere both settings run the same kernel.
 
 Each round calls the prepared op (``w8a8_gemm_prepared``, or ``w4a8_gemm_prepared``
 with groups of 128; fp32 x, row-tiled weights, warm caches) with the path on and off
 (its row threshold: compress.ops.set_w8a8_int16_min_rows / set_w8a8_amx_min_rows /
-set_w4a16_amx_min_rows) and fp32 ``matmul``, alternating, so the machine's drift hits
-all three alike. The W8A8 paths must give the same bits; the W4A16 AMX path rounds
+set_w4a16_amx_min_rows / set_w4a8_lanes_amx_min_rows, the last on ``w4a8_gemm_lanes``)
+and fp32 ``matmul``, alternating, so the machine's drift hits all three alike. The W8A8 paths must give the same bits; the W4A16 AMX path rounds
 differently (bf16), so the SQNR between the two sides must stay above 40 dB (20 dB for a
 whole model's logits). ``prefill_ab`` does the same for the prefill of a packed
 checkpoint (one sequence per prompt length, the runtime's cache-free forward, whose
@@ -115,19 +115,15 @@ def _prepared_gemm(path: str, n: int, k: int, g: torch.Generator):
     """The path's prepared op on random weights of N x K: a function of x."""
     from compress.ops.reference import pack_int4, w4a8_prepare_lanes, w4a16_prepare_cpu, w8a8_tile_cpu
 
-    if path == "w4-lanes-amx":
-        group = 128 if k % 128 == 0 else 32
-        prepared = w4a8_prepare_lanes(
-            pack_int4(torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)),
-            (torch.rand(n, k // group, generator=g) * 0.02 + 1e-3).half(),
-            torch.randint(0, 16, (n, k // group), generator=g, dtype=torch.uint8))
-        return lambda x: torch.ops.compress.w4a8_gemm_lanes(x, *prepared, group, n)
     if path in W4_PATHS + W4_FLOAT_PATHS:
         group = 128 if k % 128 == 0 else 32
-        prepared = w4a16_prepare_cpu(
-            pack_int4(torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)),
-            (torch.rand(n, k // group, generator=g) * 0.02 + 1e-3).half(),
-            torch.randint(0, 16, (n, k // group), generator=g, dtype=torch.uint8))
+        canonical = (pack_int4(torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)),
+                     (torch.rand(n, k // group, generator=g) * 0.02 + 1e-3).half(),
+                     torch.randint(0, 16, (n, k // group), generator=g, dtype=torch.uint8))
+        if path == "w4-lanes-amx":
+            lanes = w4a8_prepare_lanes(*canonical)
+            return lambda x: torch.ops.compress.w4a8_gemm_lanes(x, *lanes, group, n)
+        prepared = w4a16_prepare_cpu(*canonical)
         op = torch.ops.compress.w4a16_gemm_prepared if path in W4_FLOAT_PATHS else torch.ops.compress.w4a8_gemm_prepared
         return lambda x: op(x, *prepared, group)
     q = w8a8_tile_cpu(torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8))
@@ -175,6 +171,12 @@ def prefill_ab(checkpoint: str, path: str, prompt_lengths: list[int], rounds: in
     from compress.runtime.model_runner import ModelRunner
     from compress.runtime.models.llama import build_model
 
+    from compress.runtime.layers import int4_lanes_wanted
+
+    if path == "w4-lanes-amx" and not int4_lanes_wanted("int8"):
+        raise ValueError("w4-lanes-amx --model: this CPU's runtime prepares int8-activation int4 layers in the "
+                         "row-tiled layout (compress.runtime.layers.int4_lanes_wanted), so both sides would run "
+                         "the same kernels; time the op without --model")
     which = PATHS[path]
     default = which.get_rows()
     model = build_model(open_checkpoint(checkpoint), w4_activations="int8" if path in W4_PATHS else "float")

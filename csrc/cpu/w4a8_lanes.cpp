@@ -22,6 +22,8 @@
 // - 16 outputs of a row are one store (masked past N).
 // Rows are computed independently in a fixed order, so a row's result does not depend on
 // its batch mates or on the thread count.
+// From lanes::amx_min_rows() rows on CPUs with AMX-INT8 the same sums run on tdpbsud tiles
+// (w4a8_lanes_amx.inc), with the same bits.
 #include <torch/library.h>
 
 #include <ATen/Parallel.h>

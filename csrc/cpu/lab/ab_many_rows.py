@@ -51,7 +51,11 @@ def main(argv=None) -> int:
           f"{'' if many_rows.usable(path) else ' (not taken on this CPU: both sides run the same tiles)'}; "
           f"medians of {args.rounds} alternating rounds, warm caches")
     if args.model:
-        results = many_rows.prefill_ab(args.model, path, args.prompt_tokens, args.rounds)
+        try:
+            results = many_rows.prefill_ab(args.model, path, args.prompt_tokens, args.rounds)
+        except ValueError as e:
+            print(e, file=sys.stderr)
+            return 1
         for r in results:
             print(many_rows.format_prefill_ab(path, r), flush=True)
         return 0 if all(r.comparison.ok for r in results) else 1
