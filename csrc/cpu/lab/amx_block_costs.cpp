@@ -52,6 +52,18 @@ inline __attribute__((always_inline)) void fold16(const int32_t* sums, const flo
     ag[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums + 16 * m)), _mm512_set1_ps(xs[m]), ag[m]);
 }
 
+// blocks b and b + 1: their A and B tiles loaded, their tdpbsud into C0 and C1
+inline __attribute__((always_inline)) void tile_pair(const int8_t* xa, const uint8_t* panel, int b) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_loadd(2, xa + 32 * b, kK);
+  _tile_loadd(4, panel + 512 * b, 64);
+  _tile_loadd(3, xa + 32 * (b + 1), kK);
+  _tile_loadd(5, panel + 512 * (b + 1), 64);
+  _tile_dpbsud(0, 2, 4);
+  _tile_dpbsud(1, 3, 5);
+}
+
 }  // namespace
 
 int main() {
@@ -87,14 +99,7 @@ int main() {
   const double tiles = ns_per(kReps * kBlocks, [&] {
     for (int64_t r = 0; r < kReps; ++r)
       for (int b = 0; b < kBlocks; b += 2) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_loadd(2, xa.data() + 32 * b, kK);
-        _tile_loadd(4, panel.data() + 512 * b, 64);
-        _tile_loadd(3, xa.data() + 32 * (b + 1), kK);
-        _tile_loadd(5, panel.data() + 512 * (b + 1), 64);
-        _tile_dpbsud(0, 2, 4);
-        _tile_dpbsud(1, 3, 5);
+        tile_pair(xa.data(), panel.data(), b);
       }
   });
   _tile_stored(0, sums[0], 64);
@@ -107,14 +112,7 @@ int main() {
   const double both = ns_per(kReps * kBlocks, [&] {
     for (int64_t r = 0; r < kReps; ++r)
       for (int b = 0; b < kBlocks; b += 2) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_loadd(2, xa.data() + 32 * b, kK);
-        _tile_loadd(4, panel.data() + 512 * b, 64);
-        _tile_loadd(3, xa.data() + 32 * (b + 1), kK);
-        _tile_loadd(5, panel.data() + 512 * (b + 1), 64);
-        _tile_dpbsud(0, 2, 4);
-        _tile_dpbsud(1, 3, 5);
+        tile_pair(xa.data(), panel.data(), b);
         _tile_stored(0, sums[0], 64);
         _tile_stored(1, sums[1], 64);
         fold16(sums[0], xs.data() + 16 * b, ag);
