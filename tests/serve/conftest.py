@@ -19,6 +19,15 @@ def embedded_llm():
     return LLM(str(EMBEDDED), max_batch_size=MAX_NUM_SEQS)
 
 
+@pytest.fixture(scope="session")
+def direct_llm():
+    """A second LLM on the embedded model, for the runtime's own outputs while a server
+    runs on ``embedded_llm`` (whose generate / stream then refuse: LLM._check_engine_free)."""
+    from compress.runtime import LLM
+
+    return LLM(str(EMBEDDED), max_batch_size=MAX_NUM_SEQS)
+
+
 @pytest.fixture(scope="module")
 def server(embedded_llm, references):
     """A running server over the embedded model; tests may change ``server.state.config``

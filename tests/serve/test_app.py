@@ -43,7 +43,21 @@ def test_completions_greedy_equal_the_runtime(server, references):
     assert [ch.text for ch in sorted(out.choices, key=lambda ch: ch.index)] == references["texts"][::-1]
 
 
-def test_penalties_reach_the_runtime(server, embedded_llm):
+def test_the_served_llm_refuses_direct_generation(server, embedded_llm):
+    """While a server's engine thread runs the LLM, generate / stream from another thread
+    would race its steps on the one engine: they raise, naming the thread and what to do
+    instead, and the server goes on serving."""
+    from compress.runtime import SamplingParams
+    with pytest.raises(RuntimeError, match="LLM.generate: this LLM's engine is run by the thread 'compress-engine'"):
+        embedded_llm.generate("Return the", SamplingParams(max_tokens=4, temperature=0))
+    with pytest.raises(RuntimeError, match="LLM.stream: .*use a second LLM for direct calls"):
+        next(embedded_llm.stream("Return the", SamplingParams(max_tokens=4, temperature=0)))
+    assert not embedded_llm.engine.has_unfinished()
+    out = client(server).completions.create(model=MODEL_NAME, prompt="Return the", max_tokens=4, temperature=0)
+    assert out.usage.completion_tokens == 4
+
+
+def test_penalties_reach_the_runtime(server, direct_llm):
     """presence / frequency (OpenAI's) and repetition (vLLM's) penalties: the server's
     greedy text is the runtime's with the same penalties, and differs from plain greedy."""
     from compress.runtime import SamplingParams
@@ -51,24 +65,24 @@ def test_penalties_reach_the_runtime(server, embedded_llm):
     pen = dict(presence_penalty=0.5, frequency_penalty=1.0)
     out = c.completions.create(model=MODEL_NAME, prompt="Return the", max_tokens=24, temperature=0,
                                extra_body={"repetition_penalty": 1.3}, **pen)
-    want = embedded_llm.generate("Return the", SamplingParams(max_tokens=24, temperature=0, repetition_penalty=1.3,
+    want = direct_llm.generate("Return the", SamplingParams(max_tokens=24, temperature=0, repetition_penalty=1.3,
                                                               **pen))[0]
-    plain = embedded_llm.generate("Return the", SamplingParams(max_tokens=24, temperature=0))[0]
+    plain = direct_llm.generate("Return the", SamplingParams(max_tokens=24, temperature=0))[0]
     assert out.choices[0].text == want.text and want.token_ids != plain.token_ids
 
 
-def test_logit_bias_reaches_the_runtime(server, embedded_llm):
+def test_logit_bias_reaches_the_runtime(server, direct_llm):
     """OpenAI's logit_bias (token id strings): the server's greedy text is the runtime's
     with the same bias, and a banned token never appears."""
     from compress.runtime import SamplingParams
-    plain = embedded_llm.generate("Return the", SamplingParams(max_tokens=16, temperature=0))[0]
+    plain = direct_llm.generate("Return the", SamplingParams(max_tokens=16, temperature=0))[0]
     banned = plain.token_ids[0]
     for call in ("completions", "chat"):
         c = client(server)
         kw = dict(model=MODEL_NAME, max_tokens=16, temperature=0, logit_bias={str(banned): -100, "42": 2.5})
         if call == "completions":
             text = c.completions.create(prompt="Return the", **kw).choices[0].text
-            want = embedded_llm.generate("Return the", SamplingParams(max_tokens=16, temperature=0,
+            want = direct_llm.generate("Return the", SamplingParams(max_tokens=16, temperature=0,
                                                                       logit_bias={banned: -100, 42: 2.5}))[0]
             assert text == want.text and banned not in want.token_ids
         else:
@@ -77,7 +91,7 @@ def test_logit_bias_reaches_the_runtime(server, embedded_llm):
             assert banned not in ids
 
 
-def test_n_choices(server, embedded_llm):
+def test_n_choices(server, direct_llm):
     """n choices a prompt (OpenAI's index order: prompt i's j-th is i * n + j): seeded, the
     j-th is the runtime's sample with seed + j, so the n differ; greedy, they are equal; the
     prompt's tokens count once in the usage; streamed chat gives the same n replies."""
@@ -88,7 +102,7 @@ def test_n_choices(server, embedded_llm):
     texts = [ch.text for ch in sorted(out.choices, key=lambda ch: ch.index)]
     for i, prompt in enumerate(["Return the", "Hello"]):
         for j in range(3):
-            want = embedded_llm.generate(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=11 + j))[0]
+            want = direct_llm.generate(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=11 + j))[0]
             assert texts[i * 3 + j] == want.text
     assert len(set(texts[:3])) > 1
     prompt_tokens = sum(len(server.state.encode(p, True)) for p in ["Return the", "Hello"])
