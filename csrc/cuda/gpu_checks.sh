@@ -126,7 +126,9 @@ for step in "${steps[@]}"; do
             --dtype float16 --engines compress --w4-activations float --kv-cache-dtypes model int8 \
             --batch 1 16 64 --prompt-len 512 --new-tokens 64 --reps 3 \
             --json "$LOG_DIR/bench_model_cuda_$kernel.json" 2>&1 | tee "$LOG_DIR/bench_model_cuda_$kernel.log" | tail -12
+          [ ${PIPESTATUS[0]} -ne 0 ] && status=1
         done
+        continue
       elif [ "$step" = runtime ]; then
         $PY -m compress.cli bench model "$model/rtn-int4" --hf "$model/hf" --device cuda --dtype float16 \
           --engines compress transformers --hf-dtypes float16 --w4-activations float --kv-cache-dtypes model \

@@ -74,16 +74,18 @@ struct PagedAttnArgs {
   void* out;                     // [rows, n_heads, head_dim], q's dtype
   int rows, n_heads, n_kv_heads, head_dim, num_blocks, block_size, table_cols, window;
   float scale;                   // 1 / sqrt(head_dim)
-  float* workspace;              // paged_attention_workspace_floats(args) floats (none: nullptr)
+  int splits;                    // set by plan_paged_decode_attention: the split kernel's splits a row, 0: the heads kernel
+  float* workspace;              // plan_paged_decode_attention(args) floats (none: nullptr)
 };
 // The kernel launch_paged_decode_attention runs (paged_attention.cuh): the split kernel (the
 // default) or the per-query-head baseline, for the lab's A / B in one process.
 enum class PagedKernel : int { kHeads = 0, kSplit = 1 };
 void set_paged_attention_kernel(PagedKernel kernel);
 PagedKernel paged_attention_kernel();
-// fp32 scratch the launch needs for its splits' partials (0: none), from the arguments'
-// sizes alone (the lengths live on the GPU).
-long long paged_attention_workspace_floats(const PagedAttnArgs& args);
+// Picks the kernel for this call once (the current paged_attention_kernel()), sets
+// args.splits, and returns the fp32 scratch its splits' partials need (0: none), from the
+// arguments' sizes alone (the lengths live on the GPU). Call before the launch.
+long long plan_paged_decode_attention(PagedAttnArgs& args);
 // q_dtype: q's and out's (a float type); kv_dtype: the pools' (a float type, or kI8: each
 // row head_dim int8 values then its fp32 scale, paged_attention.cuh). head_dim <= 256, n_heads <= 65535,
 // table_cols * block_size < 2^31 (op_checks.h). Table entries outside 0..num_blocks-1 and

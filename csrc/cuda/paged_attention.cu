@@ -178,9 +178,9 @@ CPK_D void store_out(void* out, DType t, long long i, float v) {
 // Splits the launch provides for: every row's span fits in the table's capacity, or in
 // the window when there is one.
 int launch_splits(const PagedAttnArgs& a) {
-  const long long cap = static_cast<long long>(a.table_cols) * a.block_size;
-  const long long n = a.window > 0 && a.window < cap ? a.window : cap;
-  return n <= kSplitKeys ? 1 : static_cast<int>((n + kSplitKeys - 1) / kSplitKeys);
+  const int cap = a.table_cols * a.block_size;   // < 2^31 (op_checks.h)
+  const PagedSpan longest = paged_span(cap, a.window, cap);
+  return paged_splits(longest.end - longest.first);
 }
 
 // A split's (max, sum) and V sums for its row and query head h: ml [rows, n_heads, splits, 2]
@@ -400,8 +400,8 @@ cudaError_t launch_split_typed(DType q_dtype, const PagedAttnArgs& a, int splits
 
 template <typename TKV>
 cudaError_t launch_split(DType q_dtype, const PagedAttnArgs& a, cudaStream_t stream) {
-  const int splits = launch_splits(a);
-  if (splits > 65535 || (splits > 1 && a.workspace == nullptr)) return cudaErrorInvalidValue;
+  const int splits = a.splits;   // plan_paged_decode_attention's
+  if (splits < 1 || splits > 65535 || (splits > 1 && a.workspace == nullptr)) return cudaErrorInvalidValue;
   switch (split_load_bytes(a, sizeof(TKV))) {
     case 16: return launch_split_typed<TKV, 16>(q_dtype, a, splits, stream);
     case 4:
@@ -442,10 +442,10 @@ std::atomic<int> g_kernel{static_cast<int>(PagedKernel::kSplit)};
 void set_paged_attention_kernel(PagedKernel kernel) { g_kernel.store(static_cast<int>(kernel)); }
 PagedKernel paged_attention_kernel() { return static_cast<PagedKernel>(g_kernel.load()); }
 
-long long paged_attention_workspace_floats(const PagedAttnArgs& a) {
-  if (paged_attention_kernel() != PagedKernel::kSplit || a.rows <= 0) return 0;
-  const int splits = launch_splits(a);
-  return splits <= 1 ? 0 : static_cast<long long>(a.rows) * a.n_heads * splits * (a.head_dim + 2);
+long long plan_paged_decode_attention(PagedAttnArgs& a) {
+  a.splits = paged_attention_kernel() == PagedKernel::kSplit && a.table_cols >= 0 && a.block_size >= 1
+                 ? launch_splits(a) : 0;
+  return a.splits <= 1 || a.rows <= 0 ? 0 : static_cast<long long>(a.rows) * a.n_heads * a.splits * (a.head_dim + 2);
 }
 
 cudaError_t launch_paged_decode_attention(DType q_dtype, DType kv_dtype, const PagedAttnArgs& a,
@@ -455,7 +455,7 @@ cudaError_t launch_paged_decode_attention(DType q_dtype, DType kv_dtype, const P
       a.n_heads % a.n_kv_heads != 0 || a.n_heads < 1 || a.n_heads > kPagedMaxHeads || a.block_size < 1 ||
       a.table_cols < 0 || a.num_blocks < 0 || a.window < 0 || q_dtype == DType::kI8)
     return cudaErrorInvalidValue;
-  if (paged_attention_kernel() == PagedKernel::kSplit) {
+  if (a.splits > 0) {   // the split kernel (plan_paged_decode_attention chose it)
     switch (kv_dtype) {
       case DType::kF16: return launch_split<__half>(q_dtype, a, stream);
       case DType::kBF16: return launch_split<__nv_bfloat16>(q_dtype, a, stream);

@@ -284,7 +284,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
   a.window = static_cast<int>(window);
   a.scale = 1.f / std::sqrt(static_cast<float>(q.size(2)));
   at::Tensor workspace;  // the splits' partials, when a row may have more than one
-  if (const long long n = cpk::paged_attention_workspace_floats(a); n > 0) {
+  if (const long long n = cpk::plan_paged_decode_attention(a); n > 0) {
     workspace = at::empty({n}, qc.options().dtype(at::kFloat));
     a.workspace = workspace.data_ptr<float>();
   }

@@ -31,7 +31,7 @@ static void paged_attention_emulated(const float* q, const TKV* k_pool, const TK
     if constexpr (kInt8) return static_cast<float>(row[d]) * paged_int8_row_scale(row, D);
     else return static_cast<float>(row[d]);
   };
-  const float qscale = kLog2e / __builtin_sqrtf(static_cast<float>(D));
+  const float qscale = (1.f / __builtin_sqrtf(static_cast<float>(D))) * kLog2e;   // the kernels' a.scale * kLog2e
   for (int row = 0; row < rows; ++row)
     for (int h = 0; h < n_heads; ++h) {
       const int hk = h / (n_heads / n_kv_heads);
