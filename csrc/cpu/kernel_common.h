@@ -86,18 +86,19 @@ inline void check_float_out(const char* op, const at::Tensor& x, int64_t N, cons
 // ~1-2 us there (glibc malloc, its metadata cold after the weights streamed through the
 // caches). `slot` keeps apart users whose workspaces are live at the same time (one per
 // kernel). Requests above kMaxBytes (a long prefill) get their own allocation, so no
-// thread keeps a large buffer. The contents are whatever the last call left.
+// thread keeps a large buffer. The contents are whatever the last call left; data() is
+// 64-byte aligned (at::empty's CPU allocations are).
 class Scratch {
  public:
-  enum Slot : int { kW4 = 0, kW8 = 1, kW8Panel = 2, kW4Panel = 3, kSlots = 4 };
+  enum Slot : int { kW4 = 0, kW8 = 1, kW8Panel = 2, kW4Panel = 3, kW4Amx = 4, kSlots = 5 };
   static constexpr int64_t kMaxBytes = 1 << 20;
 
   Scratch(Slot slot, int64_t bytes) {
     if (bytes <= kMaxBytes) {
       thread_local std::vector<uint8_t> buffers[kSlots];
       std::vector<uint8_t>& buf = buffers[slot];
-      if (static_cast<int64_t>(buf.size()) < bytes) buf = std::vector<uint8_t>(bytes);
-      data_ = buf.data();
+      if (static_cast<int64_t>(buf.size()) < bytes + 63) buf = std::vector<uint8_t>(bytes + 63);
+      data_ = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
     } else {
       owned_ = at::empty({bytes}, at::kByte);
       data_ = owned_.data_ptr<uint8_t>();

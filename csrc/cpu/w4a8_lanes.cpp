@@ -298,7 +298,7 @@ at::Tensor lanes_run(const at::Tensor& x_in, const at::Tensor& qweight, const at
   const Isa isa = active_isa();
   if (isa == Isa::Avx512Vnni && M >= std::max<int64_t>(2, lanes::amx_min_rows()) && amx_int8_available()) {
     const AmxActivations xa(a);
-    const AmxRows all = xa.rows();
+    const AmxRows all = xa.rows;
     lanes::for_passes(M, K, kAmxLaneRows, a.T, [&](int64_t m0, int64_t rows, int64_t t0, int64_t t1) {
       LaneArgs b = a;
       b.M = rows, b.y = a.y + m0 * N;

@@ -1,6 +1,6 @@
 // What one block of 32 k costs the lanes op's AMX-INT8 tiles (w4a8_lanes_amx.inc), one
 // thread, data in L1, so only the core's units count:
-//   g++ -O2 -march=sapphirerapids csrc/cpu/lab/amx_block_costs.cpp -o /tmp/amx_block_costs && /tmp/amx_block_costs
+//   g++ -O2 -march=sapphirerapids -Icsrc csrc/cpu/lab/amx_block_costs.cpp -o /tmp/amx_block_costs && /tmp/amx_block_costs
 // Prints ns per block for:
 //   tdp K=32 / K=64  a tdpbsud on tiles loaded once (K = 32: the op's block; K = 64 the full tile)
 //   tiles            a block's A (16 rows x 32 bytes) and B (8 x 64) loads and its tdpbsud
@@ -17,23 +17,15 @@
 #include <cstring>
 #include <vector>
 
-namespace {
+#include "cpu/amx_common.h"
 
-struct alignas(64) TileConfig {
-  uint8_t palette, start, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
+namespace {
 
 // tmm0-1: C; tmm2-3: A, 16 rows x kbytes; tmm4-5: B, kbytes / 4 rows x 64
 void configure(int kbytes) {
-  TileConfig c;
-  std::memset(&c, 0, sizeof c);
-  c.palette = 1;
-  for (int t = 0; t < 2; ++t) c.rows[t] = 16, c.colsb[t] = 64;
-  for (int t = 2; t < 4; ++t) c.rows[t] = 16, c.colsb[t] = kbytes;
-  for (int t = 4; t < 6; ++t) c.rows[t] = kbytes / 4, c.colsb[t] = 64;
-  __asm__ volatile("ldtilecfg %0" ::"m"(c) : "memory");
+  const uint8_t b_rows = static_cast<uint8_t>(kbytes / 4);
+  const uint16_t a_cols = static_cast<uint16_t>(kbytes);
+  compress_cpu::amx_load_config({16, 16, 16, 16, b_rows, b_rows, 0, 0}, {64, 64, a_cols, a_cols, 64, 64, 0, 0});
 }
 
 template <typename F>
@@ -120,7 +112,7 @@ int main() {
       }
   });
   for (int m = 0; m < 16; ++m) _mm512_store_ps(out + 16 * m, ag[m]);
-  __asm__ volatile("tilerelease" ::: "memory");
+  compress_cpu::amx_release();
   std::printf("tiles          %6.2f ns a block (loads + tdpbsud)\n", tiles);
   std::printf("fold           %6.2f ns a block (16 zmm)\n", fold);
   std::printf("tiles + fold   %6.2f ns a block (sum of the two: %.2f)\n", both, tiles + fold);
