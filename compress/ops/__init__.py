@@ -45,12 +45,6 @@ def _load_native(import_module=importlib.import_module) -> None:
 
 
 _load_native()
-if _loaded.get("compress._cuda") and os.environ.get("COMPRESS_CUDA_PAGED_KERNEL"):
-    # the lab's switch for a whole run (compress bench model under each kernel)
-    if os.environ["COMPRESS_CUDA_PAGED_KERNEL"] not in ("split", "heads"):
-        raise ValueError(f"COMPRESS_CUDA_PAGED_KERNEL={os.environ['COMPRESS_CUDA_PAGED_KERNEL']!r}: "
-                         "expected 'split' or 'heads'")
-    importlib.import_module("compress._cuda").set_paged_attention_kernel(os.environ["COMPRESS_CUDA_PAGED_KERNEL"])
 
 
 def native_available(device: str = "cpu") -> bool:
@@ -79,6 +73,14 @@ def set_cuda_paged_attention_kernel(name: str) -> str:
     if not native_available("cuda"):
         raise RuntimeError("compress._cuda (the CUDA kernels) is not built")
     return importlib.import_module("compress._cuda").set_paged_attention_kernel(str(name))
+
+
+if native_available("cuda") and os.environ.get("COMPRESS_CUDA_PAGED_KERNEL"):
+    # the lab's switch for a whole run (compress bench model under each kernel)
+    try:
+        set_cuda_paged_attention_kernel(os.environ["COMPRESS_CUDA_PAGED_KERNEL"])
+    except ValueError as exc:
+        raise ValueError(f"COMPRESS_CUDA_PAGED_KERNEL={os.environ['COMPRESS_CUDA_PAGED_KERNEL']!r}: {exc}") from None
 
 
 # ---- CPU kernel ISA: query and override (tests force AVX2 / scalar with these) ----

@@ -69,6 +69,7 @@ class _BucketInputs:
         self.device = torch.zeros(nbytes, dtype=torch.uint8, device=device)
         self.ints = self.device[:40 * b].view(torch.int64).view(5, b)
         self.context_lens = self.device[40 * b:44 * b].view(torch.int32)
+        self.context_lens.fill_(1)   # a capture's rows attend to one position
         self.block_tables = torch.zeros((b, width), dtype=torch.int32, device=device)
         self.host_bytes = bytearray(nbytes)
         self.host = torch.frombuffer(self.host_bytes, dtype=torch.uint8)
@@ -117,8 +118,6 @@ class DecodeGraphs:
         with torch.inference_mode():
             self.inputs = {b: _BucketInputs(b, self.width, dev) for b in self.buckets}
             self.query_start = torch.arange(max_batch + 1, dtype=torch.int64, device=dev)
-            for inputs in self.inputs.values():
-                inputs.context_lens.fill_(1)
         capture = capture or capture_cuda
         pool = torch.cuda.graph_pool_handle() if capture is capture_cuda else None
         self.graphs: dict[int, tuple] = {}

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import itertools
-import threading
 from pathlib import Path
 from typing import Iterator, Sequence as Seq
 
@@ -149,9 +148,6 @@ class LLM:
             self.engine.speculative = SpeculativeDecoder(self._drafter(speculative, w4_activations, engine_args),
                                                          speculative.num_speculative_tokens)
         self._ids = itertools.count()
-        # the thread that runs this LLM's engine for a server (compress serve's engine
-        # loop, set while it runs), else None: the engine is not thread-safe
-        self.engine_thread: threading.Thread | None = None
 
     def _drafter(self, spec: SpeculativeConfig, w4_activations: str, engine_args: dict):
         """The drafter ``spec`` names: prompt lookup, or a draft model loaded like the
@@ -193,15 +189,6 @@ class LLM:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
     # ------------------------------------------------------------------ generation
-    def _check_engine_free(self, what: str) -> None:
-        """A clear error instead of a race: generate / stream step the engine, which a
-        server's engine thread may be stepping at the same moment."""
-        owner = getattr(self, "engine_thread", None)
-        if owner is not None and owner.is_alive() and owner is not threading.current_thread():
-            raise RuntimeError(f"LLM.{what}: this LLM's engine is run by the thread {owner.name!r} (a server's "
-                               "engine loop), and the engine is not thread-safe; use a second LLM for direct "
-                               "calls, or send requests to the server")
-
     def _add(self, prompts, params) -> list[str]:
         """Queues every prompt (text, token ids, or a list of them); the request ids."""
         if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
@@ -235,7 +222,7 @@ class LLM:
         """Complete every prompt (text or token ids); outputs in prompt order. Steps the
         engine until they are done (other requests in the engine advance too; their
         outputs are not returned here)."""
-        self._check_engine_free("generate")
+        self.engine.check_owner("LLM.generate")
         ids = self._add(prompts, params)
         wanted = set(ids)
         done: dict[str, RequestOutput] = {}
@@ -264,7 +251,7 @@ class LLM:
         """Yield the completion's text in pieces as tokens are produced."""
         if self.tokenizer is None:
             raise ValueError("stream needs a tokenizer; use generate with token ids")
-        self._check_engine_free("stream")
+        self.engine.check_owner("LLM.stream")
         (rid,) = self._add([prompt], params)
         seq = self.engine.requests[rid]
         try:

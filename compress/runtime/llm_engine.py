@@ -14,6 +14,7 @@ calls ``add_request`` / ``abort`` / ``step``.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import torch
@@ -101,6 +102,9 @@ class LLMEngine:
                 torch.cuda.synchronize()
         self.runner = ModelRunner(model, self.kv_cache, _native_decode(model) if native_decode else None, graphs)
         self.requests: dict[str, Sequence] = {}
+        # the thread that steps this engine for a server (compress serve's engine loop)
+        # while it runs: the engine is not thread-safe, so other threads are refused
+        self.owner_thread: threading.Thread | None = None
         self.tokens_generated = 0
         self.tokens_prefilled = 0
         self.tokens_decoded = 0
@@ -140,11 +144,22 @@ class LLMEngine:
                              f"positions (kv_cache_tokens)")
         return text, ids
 
+    def check_owner(self, what: str) -> None:
+        """A RuntimeError naming ``what`` when another thread than the one running this
+        engine for a server (``owner_thread``) would change it: it would race that
+        thread's steps."""
+        owner = self.owner_thread
+        if owner is not None and owner.is_alive() and owner is not threading.current_thread():
+            raise RuntimeError(f"{what}: this LLM's engine is run by the thread {owner.name!r} (a server's engine "
+                               "loop), and the engine is not thread-safe; use a second LLM for direct calls, or "
+                               "send requests to the server")
+
     def add_request(self, request_id: str, prompt, params: SamplingParams | None = None,
                     arrival_time: float | None = None) -> None:
         """Queues a request (text or token ids). ValueError: duplicate id, a prompt that
         is empty without a BOS token, leaves no room to generate, or does not fit the
-        KV cache."""
+        KV cache; RuntimeError: a server's engine thread owns the engine (check_owner)."""
+        self.check_owner("LLMEngine.add_request")
         request_id = str(request_id)
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
@@ -170,6 +185,7 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> int:
         """Forgets the cached prefixes no request holds (timings of repeated prompts)."""
+        self.check_owner("LLMEngine.reset_prefix_cache")
         return self.block_manager.reset_prefix_cache()
 
     # ------------------------------------------------------------------ a step

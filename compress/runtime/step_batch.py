@@ -90,13 +90,11 @@ def build_step_batch(tokens: list[list[int]], starts: list[int], tables, block_s
     dec_pos = starts[:nd]
     if nd == b > 0:
         return _one_token_batch([t[0] for t in tokens], dec_pos, tables, block_size, device)
-    dec_blk = [tables[r][p // block_size] for r, p in enumerate(dec_pos)]
-    dec_off = [p % block_size for p in dec_pos]
+    dec_blk, dec_off, _, context = one_token_fields(dec_pos, tables, block_size)
     positions = torch.tensor(dec_pos, dtype=torch.int64)
     block_idx = torch.tensor(dec_blk, dtype=torch.int64)
     block_off = torch.tensor(dec_off, dtype=torch.int64)
     query_start = list(range(nd + 1))
-    context = [p + 1 for p in dec_pos]
     prefill_rows = []
     if nd < b:
         pos_parts, blk_parts, off_parts = [positions], [block_idx], [block_off]

@@ -104,10 +104,8 @@ class EngineLoop:
 
     # ------------------------------------------------------------- other threads
     def start(self) -> "EngineLoop":
-        owner = getattr(self.llm, "engine_thread", None)
-        if owner is not None and owner.is_alive():
-            raise RuntimeError(f"this LLM's engine is already run by the thread {owner.name!r}")
-        self.llm.engine_thread = self._thread   # LLM.generate / stream from other threads now refuse
+        self.engine.check_owner("EngineLoop.start")   # one server's loop an engine
+        self.engine.owner_thread = self._thread   # other threads' add_request / generate now refuse
         self._thread.start()
         return self
 
@@ -164,8 +162,6 @@ class EngineLoop:
         finally:
             self._stopped.set()
             self._publish()
-            if getattr(self.llm, "engine_thread", None) is self._thread:
-                self.llm.engine_thread = None
 
     def _handle(self, cmd) -> bool:
         kind = cmd[0]

@@ -22,7 +22,7 @@ def embedded_llm():
 @pytest.fixture(scope="session")
 def direct_llm():
     """A second LLM on the embedded model, for the runtime's own outputs while a server
-    runs on ``embedded_llm`` (whose generate / stream then refuse: LLM._check_engine_free)."""
+    runs on ``embedded_llm`` (whose generate / stream then refuse: LLMEngine.check_owner)."""
     from compress.runtime import LLM
 
     return LLM(str(EMBEDDED), max_batch_size=MAX_NUM_SEQS)
