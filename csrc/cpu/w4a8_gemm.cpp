@@ -110,7 +110,7 @@ at::Tensor w4a8_run_amx(const at::Tensor& x, const W4Args& args, at::Tensor* out
   at::Tensor y = out ? *out : at::empty({M, N}, x.options().dtype(at::kFloat));
   W4Args a = args;
   a.y = y.data_ptr<float>();
-  parallel_grabs(ceil_div(N, kW4AmxCols), kW4AmxPanelsPerGrab, [&](const auto& take) {
+  parallel_grabs(ceil_div(N, kW4AmxCols), w4_amx_panels_per_grab(K), [&](const auto& take) {
     const Scratch mine(Scratch::kW4Panel, w4_amx_thread_bytes(K));
     amx_load_config_16x64();
     for (int64_t p0, p1; take(p0, p1);) w4_block_amx(a, xb, p0, p1, mine.data());
