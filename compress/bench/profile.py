@@ -24,6 +24,7 @@ from collections import defaultdict
 import torch
 
 from compress.errors import UserError
+from compress.w4_activations import DEFAULT_W4_ACTIVATIONS, W4_ACTIVATIONS
 from compress.io.files import atomic_write_text
 
 DECODE_EVENT = "NativeDecode.decode"
@@ -59,11 +60,12 @@ def group_of(event_name: str) -> str:
     return next((g for g, prefixes in GROUPS if event_name.startswith(prefixes)), OTHER)
 
 
-def profile_decode(llm, tokens: int, prompt_len: int) -> dict:
-    """Per-token decode time and calls of each op group: profiles greedy runs of
-    ``tokens`` and of 1 token from the same prompt and divides the difference by the
-    ``tokens - 1`` decode steps. Returns ``{"groups": {group: {"ms_per_token",
-    "calls_per_token"}}, "step_ms", "ops_ms", "decode_steps", "decode_s"}``."""
+def profile_decode(llm, tokens: int, prompt_len: int, rows: int = 1) -> dict:
+    """Per-step decode time and calls of each op group: profiles greedy runs of
+    ``tokens`` and of 1 token from the same ``rows`` distinct prompts (one batch, so a
+    decode step runs ``rows`` rows) and divides the difference by the ``tokens - 1``
+    decode steps. Returns ``{"groups": {group: {"ms_per_step",
+    "calls_per_step"}}, "step_ms", "ops_ms", "decode_steps", "decode_s"}``."""
     from torch.profiler import ProfilerActivity, profile
 
     from compress.runtime import SamplingParams
@@ -71,13 +73,18 @@ def profile_decode(llm, tokens: int, prompt_len: int) -> dict:
     if tokens < 2:
         raise ProfileSettingsError(f"compress bench profile: --tokens must be at least 2 (one decode step), "
                                    f"got {tokens}")
-    prompt = [(7 * i) % (llm.config.vocab_size - 10) + 5 for i in range(prompt_len)]
-    llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))  # warm-up
+    if rows < 1:
+        raise ProfileSettingsError(f"compress bench profile: --rows must be at least 1, got {rows}")
+    if rows > llm.engine.scheduler.max_num_seqs:
+        raise ProfileSettingsError(f"compress bench profile: --rows {rows} is more than the engine's "
+                                   f"max_batch_size ({llm.engine.scheduler.max_num_seqs})")
+    prompts = [[(7 * i + 13 * r) % (llm.config.vocab_size - 10) + 5 for i in range(prompt_len)] for r in range(rows)]
+    llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))  # warm-up
 
     def profiled(n: int):
         """Self time (us) and calls per op group of one generate() of ``n`` tokens."""
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            out = llm.generate([prompt], SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))[0]
+            out = llm.generate(prompts, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))[0]
         times: dict[str, float] = defaultdict(float)
         calls: dict[str, int] = defaultdict(int)
         for evt in prof.key_averages():
@@ -90,24 +97,24 @@ def profile_decode(llm, tokens: int, prompt_len: int) -> dict:
     _, t_prefill, c_prefill = profiled(1)
     metrics, t_all, c_all = profiled(tokens)
     steps = tokens - 1
-    groups = {g: {"ms_per_token": (t_all[g] - t_prefill[g]) / 1e3 / steps,
-                  "calls_per_token": (c_all[g] - c_prefill[g]) / steps}
+    groups = {g: {"ms_per_step": (t_all[g] - t_prefill[g]) / 1e3 / steps,
+                  "calls_per_step": (c_all[g] - c_prefill[g]) / steps}
               for g in [name for name, _ in GROUPS] + [OTHER]}
-    return {"groups": groups, "ops_ms": sum(v["ms_per_token"] for v in groups.values()),
+    return {"groups": groups, "ops_ms": sum(v["ms_per_step"] for v in groups.values()),
             "step_ms": metrics["decode_s"] / metrics["decode_steps"] * 1e3,
             "decode_steps": metrics["decode_steps"], "decode_s": metrics["decode_s"]}
 
 
-def format_profile(result: dict, tokens: int) -> str:
+def format_profile(result: dict, tokens: int, rows: int = 1) -> str:
     steps, secs = result["decode_steps"], result["decode_s"]
-    lines = [f"decode: {steps} steps in {secs * 1e3:.1f} ms = {secs / steps * 1e3:.2f} ms/token "
-             f"({steps / secs:.1f} tok/s) under the profiler; per-group figures below are "
+    lines = [f"decode: {steps} steps of {rows} row(s) in {secs * 1e3:.1f} ms = {secs / steps * 1e3:.2f} ms/step "
+             f"({rows * steps / secs:.1f} tok/s) under the profiler; per-group figures below are "
              f"(run of {tokens} tokens - run of 1) / {tokens - 1}",
-             f"{'group':<52} {'ms/token':>9} {'share':>7} {'calls/token':>12}"]
+             f"{'group':<52} {'ms/step':>9} {'share':>7} {'calls/step':>12}"]
     whole = result["ops_ms"]
     for g, v in result["groups"].items():
-        lines.append(f"{g:<52} {v['ms_per_token']:>9.2f} {100 * v['ms_per_token'] / whole:>6.1f}% "
-                     f"{v['calls_per_token']:>12.0f}")
+        lines.append(f"{g:<52} {v['ms_per_step']:>9.2f} {100 * v['ms_per_step'] / whole:>6.1f}% "
+                     f"{v['calls_per_step']:>12.0f}")
     lines.append(f"{'all ops':<52} {whole:>9.2f} {100.0:>6.1f}%")
     lines.append(f"{'outside any op (Python between ops, profiler)':<52} {result['step_ms'] - whole:>9.2f}   "
                  f"of a {result['step_ms']:.2f} ms step")
@@ -127,17 +134,22 @@ def main(args) -> int:
             print(f"# wrote {args.json}")
         return 0
     torch.set_num_threads(args.threads)
-    llm = LLM(args.path, threads=args.threads, native_decode=not args.module_path, enable_prefix_caching=False)
+    llm = LLM(args.path, threads=args.threads, native_decode=not args.module_path, enable_prefix_caching=False,
+              max_batch_size=max(32, args.rows), kv_cache_dtype=args.kv_cache_dtype,
+              max_num_batched_tokens=max(512, args.rows * args.prompt_len),  # every prompt in one step
+              w4_activations=args.w4_activations)
     runner = llm.engine.runner
     if runner.native is not None:
         runner.native = ProfiledNative(runner.native)
     elif not args.module_path:
         print("# this model has no native decode step here: profiling the module path")
-    result = profile_decode(llm, args.tokens, args.prompt_len)
-    print(format_profile(result, args.tokens))
+    result = profile_decode(llm, args.tokens, args.prompt_len, args.rows)
+    print(format_profile(result, args.tokens, args.rows))
     if args.json:
         atomic_write_text(args.json, json.dumps({"path": str(args.path), "threads": args.threads,
-                                                 "tokens": args.tokens, "prompt_len": args.prompt_len, **result},
+                                                 "tokens": args.tokens, "prompt_len": args.prompt_len,
+                                                 "rows": args.rows, "w4_activations": llm.w4_activations,
+                                                 "kv_cache_dtype": str(llm.kv_cache_dtype), **result},
                                                 indent=1))
         print(f"# wrote {args.json}")
     return 0
@@ -148,6 +160,12 @@ def add_arguments(p) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--tokens", type=int, default=32, help="tokens generated in the profiled run (>= 2)")
     p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--rows", type=int, default=1,
+                   help="distinct prompts decoded together: rows a decode step (figures are per step)")
+    p.add_argument("--w4-activations", choices=W4_ACTIVATIONS, default=DEFAULT_W4_ACTIVATIONS,
+                   help="how int4 layers treat their activations (LLM(w4_activations=...))")
+    p.add_argument("--kv-cache-dtype", choices=["float32", "bfloat16", "float16", "int8"], default=None,
+                   help="the paged KV cache's element type (default: the runtime's)")
     p.add_argument("--module-path", action="store_true",
                    help="run decode steps op by op through the modules instead of the native one-call step")
     p.add_argument("--json", help="write the per-group figures to this file")
