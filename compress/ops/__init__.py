@@ -146,7 +146,7 @@ def set_w4a16_amx_min_rows(rows: int) -> int:
     """Fewest rows (M) for which the int8-activation int4 ops (``w4a8_gemm*``) at the
     avx512_vnni level take the AMX-BF16 tiles (bf16 activations, weights dequantized to
     bf16 per call, fp32 sums) instead of the int8 tiles, where the CPU and OS allow AMX
-    (default 32, never one row; csrc/cpu/w4a16_amx.inc); returns the previous value. Not
+    (default 16, never one row; csrc/cpu/w4a16_amx.inc); returns the previous value. Not
     the same bits as the int8 tiles: both are held to the reference by SQNR. The float
     ops (``w4a16_gemm*``) never take them."""
     return _cpu_module().set_w4a16_amx_min_rows(int(rows))

@@ -35,7 +35,7 @@ constexpr int64_t kPrefetchL2Bytes = 16384;
 // Fewest rows for which the avx512_vnni level takes the AMX-BF16 tiles (w4a16_amx.inc)
 // where the CPU and OS allow them (default kW4AmxMinRows; fewer rows: the int8 tiles, see
 // csrc/cpu/README.md); set_amx_min_rows returns the previous value (w4a8_gemm.cpp).
-constexpr int64_t kW4AmxMinRows = 32;
+constexpr int64_t kW4AmxMinRows = 16;
 int64_t set_amx_min_rows(int64_t rows);
 int64_t amx_min_rows();
 

@@ -110,10 +110,15 @@ at::Tensor w4a8_run_amx(const at::Tensor& x, const W4Args& args, at::Tensor* out
   at::Tensor y = out ? *out : at::empty({M, N}, x.options().dtype(at::kFloat));
   W4Args a = args;
   a.y = y.data_ptr<float>();
-  parallel_grabs(ceil_div(N, kW4AmxCols), w4_amx_panels_per_grab(K), [&](const auto& take) {
-    const Scratch mine(Scratch::kW4Panel, w4_amx_thread_bytes(K));
+  const bool small = M <= 32;  // w4_block_amx_small: no whole panel
+  parallel_grabs(ceil_div(N, kW4AmxCols), small ? 2 : w4_amx_panels_per_grab(K), [&](const auto& take) {
+    const Scratch mine(Scratch::kW4Panel, small ? w4_amx_small_bytes() : w4_amx_thread_bytes(K));
     amx_load_config_16x64();
-    for (int64_t p0, p1; take(p0, p1);) w4_block_amx(a, xb, p0, p1, mine.data());
+    for (int64_t p0, p1; take(p0, p1);) {
+      if (!small) w4_block_amx(a, xb, p0, p1, mine.data());
+      else if (M > 16) w4_block_amx_small<true>(a, xb, p0, p1, mine.data());
+      else w4_block_amx_small<false>(a, xb, p0, p1, mine.data());
+    }
     amx_release();
   });
   return float_to_activation_dtype(y, x.scalar_type());
