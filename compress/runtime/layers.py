@@ -25,9 +25,9 @@ from compress.ops.reference import (w4a8_lanes_supported, w4a8_prepare_lanes, w4
 # row-tiled kernels. Its ops give a row the same bits whatever its batch mates, threads or
 # ISA level (the row-tiled ones differ by float rounding), so int4 layers take it on AVX2
 # and AVX-512 CPUs, except int8 activations on CPUs with usable AMX-BF16 (they keep the
-# row-tiled layout that their many-row bf16 tiles read). On such a CPU (2-vCPU Xeon, 345M
-# bench model, int8 activations) the lanes layout, with its AMX-INT8 tiles from 64 rows,
-# decoded 1.2x faster at batch 16 but 0.8x at batch 1 (csrc/cpu/README.md).
+# row-tiled layout that their bf16 tiles read from 16 rows). On such a CPU (2-vCPU Xeon,
+# 345M bench model, int8 activations) the lanes layout, with its AMX-INT8 tiles from 64
+# rows, decoded batch 1 at 0.8x (csrc/cpu/README.md).
 INT4_LANES = True
 # Whether W8A8 layers take the weight-row-lane layout (csrc/cpu/w8a8_lanes.cpp) where
 # int8_lanes_wanted(); the same bits as the row-tiled kernels.
