@@ -104,7 +104,7 @@ at::Tensor w4a8_run_amx(const at::Tensor& x, const W4Args& args, at::Tensor* out
   uint16_t* xb = reinterpret_cast<uint16_t*>(work.data());
   at::parallel_for(0, w4_amx_padded_rows(M) / 16, 1, [&](int64_t b0, int64_t b1) {
     std::vector<float> row(K);
-    std::vector<uint16_t> perm(K);
+    std::vector<uint16_t> perm(16 * K);
     w4_amx_build_activations(x, b0, b1, xb, row.data(), perm.data());
   });
   at::Tensor y = out ? *out : at::empty({M, N}, x.options().dtype(at::kFloat));
