@@ -273,6 +273,7 @@ class LLM:
     def logits(self, input_ids, attention_mask=None) -> torch.Tensor:
         """Cache-free full forward: fp32 logits ``[B, T, V]``. ``attention_mask``
         (1 = token, 0 = padding, either side) lets rows of different lengths share a batch."""
+        self.engine.check_owner("LLM.logits")
         input_ids = torch.as_tensor(input_ids)
         if input_ids.dim() == 1:
             input_ids = input_ids.unsqueeze(0)
@@ -281,6 +282,7 @@ class LLM:
 
     def token_logprobs(self, input_ids, attention_mask=None) -> torch.Tensor:
         """``[B, T-1]``: log p(x_t | x_<t) for t = 1..T-1 (0 at padding)."""
+        self.engine.check_owner("LLM.token_logprobs")
         input_ids = torch.as_tensor(input_ids)
         if input_ids.dim() == 1:
             input_ids = input_ids.unsqueeze(0)
@@ -291,7 +293,10 @@ class LLM:
         ``Loglikelihood(logprob, is_greedy)``: the summed log-probability of the
         continuation given the context, and whether greedy decoding yields it.
         Text contexts are encoded with special tokens (BOS), continuations without;
-        an empty context is replaced by BOS."""
+        an empty context is replaced by BOS. Like generate, refused while a server's
+        engine thread runs this LLM (that thread scores the server's echo requests on the
+        same model runner)."""
+        self.engine.check_owner("LLM.loglikelihood")
         pairs = []
         for ctx, cont in requests:
             ctx_ids = self.encode(ctx) if isinstance(ctx, str) else [int(t) for t in ctx]

@@ -44,14 +44,18 @@ def test_completions_greedy_equal_the_runtime(server, references):
 
 
 def test_the_served_llm_refuses_direct_generation(server, embedded_llm):
-    """While a server's engine thread runs the LLM, generate / stream from another thread
-    would race its steps on the one engine: they raise, naming the thread and what to do
-    instead, and the server goes on serving."""
+    """While a server's engine thread runs the LLM, generate / stream / scoring from another
+    thread would race its steps (and its scoring) on the one engine and model runner: they
+    raise, naming the thread and what to do instead, and the server goes on serving."""
     from compress.runtime import SamplingParams
     with pytest.raises(RuntimeError, match="LLM.generate: this LLM's engine is run by the thread 'compress-engine'"):
         embedded_llm.generate("Return the", SamplingParams(max_tokens=4, temperature=0))
     with pytest.raises(RuntimeError, match="LLM.stream: .*use a second LLM for direct calls"):
         next(embedded_llm.stream("Return the", SamplingParams(max_tokens=4, temperature=0)))
+    with pytest.raises(RuntimeError, match="LLM.loglikelihood: this LLM's engine is run by the thread"):
+        embedded_llm.loglikelihood([("Return the", " value")])
+    with pytest.raises(RuntimeError, match="LLM.logits: "):
+        embedded_llm.logits([[1, 2, 3]])
     assert not embedded_llm.engine.has_unfinished()
     out = client(server).completions.create(model=MODEL_NAME, prompt="Return the", max_tokens=4, temperature=0)
     assert out.usage.completion_tokens == 4
