@@ -1,6 +1,7 @@
 """``compress bench profile CKPT``: where a decode step's time goes. Runs greedy
 decoding of a checkpoint on our runtime under torch.profiler and prints the time per
-generated token by op group.
+decode step by op group; ``--rows N`` decodes N prompts together (a step of N rows, whose
+figures are per step, not per token).
 
 By default a decode step is one call of the engine's native decode step
 (``runtime/native_decode.py``: the embedding, every layer, the final norm, the lm_head
@@ -149,7 +150,7 @@ def main(args) -> int:
         atomic_write_text(args.json, json.dumps({"path": str(args.path), "threads": args.threads,
                                                  "tokens": args.tokens, "prompt_len": args.prompt_len,
                                                  "rows": args.rows, "w4_activations": llm.w4_activations,
-                                                 "kv_cache_dtype": str(llm.kv_cache_dtype), **result},
+                                                 "kv_cache_dtype": str(llm.kv_cache_dtype).removeprefix("torch."), **result},
                                                 indent=1))
         print(f"# wrote {args.json}")
     return 0
@@ -164,7 +165,9 @@ def add_arguments(p) -> None:
                    help="distinct prompts decoded together: rows a decode step (figures are per step)")
     p.add_argument("--w4-activations", choices=W4_ACTIVATIONS, default=DEFAULT_W4_ACTIVATIONS,
                    help="how int4 layers treat their activations (LLM(w4_activations=...))")
-    p.add_argument("--kv-cache-dtype", choices=["float32", "bfloat16", "float16", "int8"], default=None,
+    from compress.dtypes import KV_CACHE_DTYPES
+
+    p.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default=None,
                    help="the paged KV cache's element type (default: the runtime's)")
     p.add_argument("--module-path", action="store_true",
                    help="run decode steps op by op through the modules instead of the native one-call step")

@@ -103,9 +103,11 @@ at::Tensor w4a8_run_amx(const at::Tensor& x, const W4Args& args, at::Tensor* out
   const Scratch work(Scratch::kW4, w4_amx_activation_bytes(M, K));
   uint16_t* xb = reinterpret_cast<uint16_t*>(work.data());
   at::parallel_for(0, w4_amx_padded_rows(M) / 16, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<float> row(K);
-    std::vector<uint16_t> perm(16 * K);
-    w4_amx_build_activations(x, b0, b1, xb, row.data(), perm.data());
+    // K fp32 and 16 x K bf16 of this thread's scratch (the kW4 slot holds xb; kW4Panel is
+    // free until the tiles below take it)
+    const Scratch mine(Scratch::kW4Panel, K * 4 + 16 * K * 2);
+    float* row = reinterpret_cast<float*>(mine.data());
+    w4_amx_build_activations(x, b0, b1, xb, row, reinterpret_cast<uint16_t*>(mine.data() + K * 4));
   });
   at::Tensor y = out ? *out : at::empty({M, N}, x.options().dtype(at::kFloat));
   W4Args a = args;

@@ -44,7 +44,7 @@ def test_profile_rows_decode_together_in_one_step_per_token(tiny_llama_dir, tmp_
                  "--module-path", "--rows", "3", "--kv-cache-dtype", "float16", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     layers = json.loads((tiny_llama_dir / "config.json").read_text())["num_hidden_layers"]
-    assert result["rows"] == 3 and result["kv_cache_dtype"] == "torch.float16"
+    assert result["rows"] == 3 and result["kv_cache_dtype"] == "float16"
     assert result["groups"]["attention"]["calls_per_step"] == layers
     assert result["decode_steps"] == 3
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(not ops.native_available("cpu"), reason="compres
 @pytest.fixture(autouse=True)
 def _int8_tiles():
     """w4a8_gemm* against its int8-activation reference: on CPUs with AMX-BF16 the op takes
-    bf16 tiles from 32 rows (other numbers, held to the reference by SQNR in
+    bf16 tiles from 16 rows (other numbers, held to the reference by SQNR in
     test_w4a16_amx.py), so here they stay off."""
     if not ops.native_available("cpu"):
         yield

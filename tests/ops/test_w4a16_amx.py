@@ -70,19 +70,21 @@ def test_w4a16_amx_matches_reference_and_int8_tiles(shape, dtype):
 
 
 @pytest.mark.skipif(not AMX, reason="no AMX-BF16 on this CPU (or the OS does not allow it)")
-@pytest.mark.parametrize("shape", [(70, 40, 256, 32), (100, 1100, 2816, 128)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(70, 40, 256, 32), (100, 1100, 2816, 128), (40, 50, 512, 256)],
+                         ids=lambda s: "x".join(map(str, s)))
 def test_w4a16_amx_row_bits_do_not_depend_on_the_batch(shape):
     """Up to 32 rows the tiles take one 64-k chunk of the weights at a time from an L1
     buffer, past it whole panels; both run each C tile's sums in the same order, so a
-    row's outputs are the same bits in a 2-row call (padded to 16 tokens), a 16- or 32-row one
-    and in a many-row one (N past the 32-column panels, groups of 32 and 128)."""
+    row's outputs are the same bits in a 2-row call (padded to 16 tokens), a 16-row, a
+    23-row (a partial second block) or a 32-row one and in a many-row one (N past the
+    32-column panels, groups of 32, 128 and 256)."""
     m, n, k, group = shape
     qweight, scales, zeros = make_int4(n, k, group)
     prepared = reference.w4a16_prepare_cpu(qweight, scales, zeros)
     x = torch.randn(m, k) * torch.logspace(-1, 1, k)
     with ops.force_cpu_isa("avx512_vnni"), amx_rows(1):
         many = torch.ops.compress.w4a8_gemm_prepared(x, *prepared, group)
-        for rows in (slice(0, 2), slice(3, 19), slice(20, 52), slice(m - 2, m)):
+        for rows in (slice(0, 2), slice(3, 19), slice(5, 28), slice(8, 40), slice(m - 2, m)):
             part = torch.ops.compress.w4a8_gemm_prepared(x[rows].contiguous(), *prepared, group)
             torch.testing.assert_close(part, many[rows], rtol=0, atol=0)
 

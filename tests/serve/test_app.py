@@ -56,6 +56,8 @@ def test_the_served_llm_refuses_direct_generation(server, embedded_llm):
         embedded_llm.loglikelihood([("Return the", " value")])
     with pytest.raises(RuntimeError, match="LLM.logits: "):
         embedded_llm.logits([[1, 2, 3]])
+    with pytest.raises(RuntimeError, match="LLM.token_logprobs: "):
+        embedded_llm.token_logprobs([[1, 2, 3]])
     assert not embedded_llm.engine.has_unfinished()
     out = client(server).completions.create(model=MODEL_NAME, prompt="Return the", max_tokens=4, temperature=0)
     assert out.usage.completion_tokens == 4
