@@ -18,7 +18,8 @@ and fp32 ``matmul``, alternating, so the machine's drift hits all three alike. T
 differently (bf16), so the SQNR between the two sides must stay above 40 dB (20 dB for a
 whole model's logits). ``prefill_ab`` does the same for the prefill of a packed
 checkpoint (one sequence per prompt length, the runtime's cache-free forward, whose
-linears run at M = the prompt length)."""
+linears run at M = the prompt length); ``decode_ab`` times its decode steps at a batch of
+rows (the engine's native decode step, whose linears run at M = the rows)."""
 from __future__ import annotations
 
 import statistics
@@ -201,6 +202,56 @@ def prefill_ab(checkpoint: str, path: str, prompt_lengths: list[int], rounds: in
     finally:
         which.set_rows(default)
     return results
+
+
+class DecodeAB(NamedTuple):
+    rows: int
+    tokens_per_s: dict[str, float]  # median decode tokens/s (all rows) of each side
+    same_tokens: float  # share of generated tokens the two sides agree on (greedy)
+
+
+def decode_ab(checkpoint: str, path: str, batch_rows: list[int], rounds: int, prompt_len: int = 128,
+              new_tokens: int = 33) -> list[DecodeAB]:
+    """Decode of a packed checkpoint through the engine with the path on (its default row
+    threshold) and off, per batch size: ``rows`` distinct prompts of ``prompt_len``
+    tokens prefilled in one step, then ``new_tokens - 1`` greedy decode steps of ``rows``
+    rows; tokens/s of those steps (a sequence's decode time), median over rounds that
+    alternate the two sides in one process."""
+    from compress.runtime import LLM, SamplingParams
+
+    which = PATHS[path]
+    default = which.get_rows()
+    activations = "int8" if path in W4_PATHS else "float"
+    llm = LLM(checkpoint, enable_prefix_caching=False, max_batch_size=max(32, *batch_rows),
+              max_num_batched_tokens=max(512, max(batch_rows) * prompt_len), w4_activations=activations)
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    results = []
+    try:
+        for rows in batch_rows:
+            prompts = [[(7 * i + 13 * r) % (llm.config.vocab_size - 10) + 5 for i in range(prompt_len)]
+                       for r in range(rows)]
+            rates: dict[str, list[float]] = {which.on: [], which.off: []}
+            tokens = {}
+            for round_ in range(rounds + 1):  # the first round warms up, untimed
+                for name, threshold in ((which.on, default), (which.off, NEVER)):
+                    which.set_rows(threshold)
+                    outs = llm.generate(prompts, params)
+                    if round_:
+                        m = outs[0].metrics
+                        rates[name].append(rows * m["decode_steps"] / m["decode_s"])
+                    tokens[name] = [o.token_ids for o in outs]
+            pairs = [(a, b) for x, y in zip(tokens[which.on], tokens[which.off]) for a, b in zip(x, y)]
+            results.append(DecodeAB(rows, {k: statistics.median(v) for k, v in rates.items()},
+                                    sum(a == b for a, b in pairs) / max(1, len(pairs))))
+    finally:
+        which.set_rows(default)
+    return results
+
+
+def format_decode_ab(path: str, r: DecodeAB) -> str:
+    on, off, rate = PATHS[path].on, PATHS[path].off, r.tokens_per_s
+    return (f"decode {r.rows:3d} rows: {on} {rate[on]:7.1f}  {off} {rate[off]:7.1f} tok/s   "
+            f"{on}/{off} {rate[on] / rate[off]:.2f}   greedy tokens the same: {100 * r.same_tokens:.0f}%")
 
 
 def format_prefill_ab(path: str, r: PrefillAB) -> str:

@@ -27,7 +27,9 @@ from compress.ops.reference import (w4a8_lanes_supported, w4a8_prepare_lanes, w4
 # and AVX-512 CPUs, except int8 activations on CPUs with usable AMX-BF16 (they keep the
 # row-tiled layout that their bf16 tiles read from 16 rows). On such a CPU (2-vCPU Xeon,
 # 345M bench model, int8 activations) the lanes layout, with its AMX-INT8 tiles from 64
-# rows, decoded batch 1 at 0.8x (csrc/cpu/README.md).
+# rows, decoded batch 1 at 0.8x and batch 16 at 1.17-1.22x against the int8 tiles that
+# then ran 16 rows (the bf16 tiles since: 1.19x those; lanes against them not
+# re-measured; csrc/cpu/README.md).
 INT4_LANES = True
 # Whether W8A8 layers take the weight-row-lane layout (csrc/cpu/w8a8_lanes.cpp) where
 # int8_lanes_wanted(); the same bits as the row-tiled kernels.

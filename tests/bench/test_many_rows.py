@@ -1,6 +1,6 @@
 """compress.bench.many_rows, the machinery of the lab csrc/cpu/lab/ab_many_rows.py: a
 many-row kernel path (the W8A8 int16 GEMM, the W8A8 and W4A16 AMX tiles) timed against
-the tiles it replaces, on single GEMMs and on a packed checkpoint's prefill. On a CPU
+the tiles it replaces, on single GEMMs and on a packed checkpoint's prefill and decode. On a CPU
 without the path both sides run the same tiles; either way the two sides' outputs agree
 (the same bits for W8A8, within 40 dB for W4A16 on bf16 tiles) and the path's row
 threshold is what it was before."""
@@ -38,6 +38,26 @@ def test_prefill_ab_on_a_checkpoint(tiny_bench_model, path, bits, one_thread):
     assert [r.tokens for r in results] == [40, 70]
     assert all(r.comparison.ok and min(r.tokens_per_s.values()) > 0 for r in results)
     assert which.get_rows() == before
+
+
+@native
+@pytest.mark.parametrize("path,bits", [("amx", 8), ("w4-panel", 4)])
+def test_decode_ab_on_a_checkpoint(tiny_bench_model, path, bits, one_thread):
+    """Decode steps of 3 and 12 rows with the path on and off: both sides timed, the
+    threshold restored; the W8A8 AMX tiles give the VNNI tiles' bits, so greedy tokens
+    agree throughout (the W4A8 panel rounds differently: only a share is asked for)."""
+    which = many_rows.PATHS[path]
+    before = which.get_rows()
+    results = many_rows.decode_ab(str(tiny_bench_model[f"rtn-int{bits}"]), path, [3, 12], rounds=1, prompt_len=20,
+                                  new_tokens=5)
+    assert [r.rows for r in results] == [3, 12]
+    assert all(set(r.tokens_per_s) == {which.on, which.off} and min(r.tokens_per_s.values()) > 0 for r in results)
+    assert all(0.0 <= r.same_tokens <= 1.0 for r in results)
+    if which.exact:
+        assert all(r.same_tokens == 1.0 for r in results)
+    assert which.get_rows() == before
+    line = many_rows.format_decode_ab(path, results[-1])
+    assert line.startswith("decode  12 rows:") and f"{which.on}/{which.off}" in line
 
 
 def test_compare_outputs_flags_disagreement():

@@ -6,11 +6,12 @@ and what each path is: compress/bench/many_rows.py).
     python csrc/cpu/lab/ab_many_rows.py --path amx --threads 2 --m 8 16 32 64 256
     python csrc/cpu/lab/ab_many_rows.py --path w4-amx --threads 2 --m 16 24 32 64 256
     python csrc/cpu/lab/ab_many_rows.py --threads 2 --model /tmp/bench-llama2/rtn-int8 --prompt-tokens 64 256
+    python csrc/cpu/lab/ab_many_rows.py --path w4-amx --threads 2 --model out/bench-llama/rtn-int4 --decode-rows 16 24
 
 Prints, per M and shape, the median GMAC/s of the path on, off and fp32 matmul, their
 ratios and the outputs' comparison; with --model, prefill tokens/s of a packed
 checkpoint (int8 for the W8A8 paths, int4 for w4-amx) per prompt length, logits
-compared. Exit status 1 when the two sides disagree.
+compared; with --decode-rows as well, its decode tokens/s at those batch sizes. Exit status 1 when the two sides disagree.
 """
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ def main(argv=None) -> int:
     p.add_argument("--model", help="a packed checkpoint (int8 for int16 / amx, int4 for w4-amx): time its "
                    "prefill instead of single GEMMs")
     p.add_argument("--prompt-tokens", type=int, nargs="+", default=[64, 256], help="prompt lengths (--model)")
+    p.add_argument("--decode-rows", type=int, nargs="+", default=None,
+                   help="--model: time decode steps of this many rows (prompts of 128 tokens) instead of prefill")
     args = p.parse_args(argv)
     if not ops.native_available("cpu"):
         print("compress._C is not built: nothing to measure", file=sys.stderr)
@@ -50,6 +53,10 @@ def main(argv=None) -> int:
     print(f"# isa={ops.cpu_isa()} threads={torch.get_num_threads()} {which.what} from M={which.get_rows()}"
           f"{'' if many_rows.usable(path) else ' (not taken on this CPU: both sides run the same tiles)'}; "
           f"medians of {args.rounds} alternating rounds, warm caches")
+    if args.model and args.decode_rows:
+        for r in many_rows.decode_ab(args.model, path, args.decode_rows, args.rounds):
+            print(many_rows.format_decode_ab(path, r), flush=True)
+        return 0
     if args.model:
         try:
             results = many_rows.prefill_ab(args.model, path, args.prompt_tokens, args.rounds)
