@@ -35,15 +35,6 @@ inline void amx_load_config_16x64() {
   amx_load_config({16, 16, 16, 16, 16, 16, 16, 16}, {64, 64, 64, 64, 64, 64, 64, 64});
 }
 
-// Token j's 16 dwords (k quads of int8 for tdpbssd, k pairs of bf16 for tdpbf16ps: the
-// 64 bytes of one tile row's worth of K) into column j of a 1 KiB B-operand block
-// [16 rows][16 tokens] of dwords; zeros where `src` is null (a token past M).
-inline void amx_b_column(const void* src, int64_t j, uint32_t* block) {
-  alignas(64) uint32_t v[16] = {};
-  if (src) std::memcpy(v, src, sizeof(v));
-  for (int r = 0; r < 16; ++r) block[16 * r + j] = v[r];
-}
-
 // After a thread's last tile instruction (asm: _tile_release is target-gated).
 inline void amx_release() { __asm__ volatile("tilerelease" ::: "memory"); }
 
