@@ -165,6 +165,22 @@ def format_gemm_ab(path: str, r: GemmAB) -> str:
             f"{r.comparison.note}")
 
 
+def check_model_path(path: str) -> None:
+    """ValueError when a checkpoint's layers on this CPU would not reach the path's kernel
+    on either side: the lanes op's AMX tiles need the lanes layout, the row-tiled paths
+    (w4-amx, w4-panel) the row-tiled one (compress.runtime.layers.int4_lanes_wanted)."""
+    from compress.runtime.layers import int4_lanes_wanted
+
+    if path not in W4_PATHS:
+        return
+    lanes = int4_lanes_wanted("int8")
+    if (path == "w4-lanes-amx") != lanes:
+        layout = "lanes" if lanes else "row-tiled"
+        raise ValueError(f"{path} --model: this CPU's runtime prepares int8-activation int4 layers in the {layout} "
+                         "layout (compress.runtime.layers.int4_lanes_wanted), so both sides would run the same "
+                         "kernels; time the op without --model")
+
+
 def prefill_ab(checkpoint: str, path: str, prompt_lengths: list[int], rounds: int) -> list[PrefillAB]:
     """Prefill of a packed checkpoint with the path on and off, per prompt length;
     stops after the first length whose two sides' logits disagree."""
@@ -172,12 +188,7 @@ def prefill_ab(checkpoint: str, path: str, prompt_lengths: list[int], rounds: in
     from compress.runtime.model_runner import ModelRunner
     from compress.runtime.models.llama import build_model
 
-    from compress.runtime.layers import int4_lanes_wanted
-
-    if path == "w4-lanes-amx" and not int4_lanes_wanted("int8"):
-        raise ValueError("w4-lanes-amx --model: this CPU's runtime prepares int8-activation int4 layers in the "
-                         "row-tiled layout (compress.runtime.layers.int4_lanes_wanted), so both sides would run "
-                         "the same kernels; time the op without --model")
+    check_model_path(path)
     which = PATHS[path]
     default = which.get_rows()
     model = build_model(open_checkpoint(checkpoint), w4_activations="int8" if path in W4_PATHS else "float")
@@ -215,10 +226,16 @@ def decode_ab(checkpoint: str, path: str, batch_rows: list[int], rounds: int, pr
     """Decode of a packed checkpoint through the engine with the path on (its default row
     threshold) and off, per batch size: ``rows`` distinct prompts of ``prompt_len``
     tokens prefilled in one step, then ``new_tokens - 1`` greedy decode steps of ``rows``
-    rows; tokens/s of those steps (a sequence's decode time), median over rounds that
-    alternate the two sides in one process."""
+    rows; tokens/s of those steps (all rows' decode steps over the time from the first
+    row's first token to the last row's finish), median over rounds that alternate the
+    two sides in one process. ValueError: rows below 1, fewer than 2 new tokens, or a
+    path this CPU's layers would not reach (check_model_path)."""
     from compress.runtime import LLM, SamplingParams
 
+    if min(batch_rows) < 1 or new_tokens < 2:
+        raise ValueError(f"decode_ab: rows must be >= 1 and new_tokens >= 2 (a decode step), got rows {batch_rows}, "
+                         f"new_tokens {new_tokens}")
+    check_model_path(path)
     which = PATHS[path]
     default = which.get_rows()
     activations = "int8" if path in W4_PATHS else "float"
@@ -237,8 +254,10 @@ def decode_ab(checkpoint: str, path: str, batch_rows: list[int], rounds: int, pr
                     which.set_rows(threshold)
                     outs = llm.generate(prompts, params)
                     if round_:
-                        m = outs[0].metrics
-                        rates[name].append(rows * m["decode_steps"] / m["decode_s"])
+                        steps = sum(o.metrics["decode_steps"] for o in outs)
+                        start = min(o.metrics["first_token_time"] for o in outs)
+                        end = max(o.metrics["finish_time"] for o in outs)
+                        rates[name].append(steps / (end - start))
                     tokens[name] = [o.token_ids for o in outs]
             pairs = [(a, b) for x, y in zip(tokens[which.on], tokens[which.off]) for a, b in zip(x, y)]
             results.append(DecodeAB(rows, {k: statistics.median(v) for k, v in rates.items()},

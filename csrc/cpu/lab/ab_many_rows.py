@@ -11,7 +11,9 @@ and what each path is: compress/bench/many_rows.py).
 Prints, per M and shape, the median GMAC/s of the path on, off and fp32 matmul, their
 ratios and the outputs' comparison; with --model, prefill tokens/s of a packed
 checkpoint (int8 for the W8A8 paths, int4 for w4-amx) per prompt length, logits
-compared; with --decode-rows as well, its decode tokens/s at those batch sizes. Exit status 1 when the two sides disagree.
+compared, or with --decode-rows its decode tokens/s at those batch sizes instead
+(prompts of the first --prompt-tokens length, 32 decode steps), greedy tokens compared.
+Exit status 1 when the two sides disagree (for a decode: when an exact path's tokens do).
 """
 from __future__ import annotations
 
@@ -41,8 +43,13 @@ def main(argv=None) -> int:
                    "prefill instead of single GEMMs")
     p.add_argument("--prompt-tokens", type=int, nargs="+", default=[64, 256], help="prompt lengths (--model)")
     p.add_argument("--decode-rows", type=int, nargs="+", default=None,
-                   help="--model: time decode steps of this many rows (prompts of 128 tokens) instead of prefill")
+                   help="--model: time decode steps of this many rows (prompts of the first --prompt-tokens "
+                   "length, default 128) instead of prefill")
     args = p.parse_args(argv)
+    if args.decode_rows is not None and not args.model:
+        p.error("--decode-rows needs --model")
+    if args.decode_rows is not None and min(args.decode_rows) < 1:
+        p.error("--decode-rows: rows must be >= 1")
     if not ops.native_available("cpu"):
         print("compress._C is not built: nothing to measure", file=sys.stderr)
         return 1
@@ -54,9 +61,17 @@ def main(argv=None) -> int:
           f"{'' if many_rows.usable(path) else ' (not taken on this CPU: both sides run the same tiles)'}; "
           f"medians of {args.rounds} alternating rounds, warm caches")
     if args.model and args.decode_rows:
-        for r in many_rows.decode_ab(args.model, path, args.decode_rows, args.rounds):
+        prompt_len = args.prompt_tokens[0] if "--prompt-tokens" in (argv if argv is not None else sys.argv) else 128
+        ok = True
+        for rows in args.decode_rows:
+            try:
+                (r,) = many_rows.decode_ab(args.model, path, [rows], args.rounds, prompt_len=prompt_len)
+            except ValueError as e:
+                print(e, file=sys.stderr)
+                return 1
             print(many_rows.format_decode_ab(path, r), flush=True)
-        return 0
+            ok = ok and (r.same_tokens == 1.0 or not which.exact)
+        return 0 if ok else 1
     if args.model:
         try:
             results = many_rows.prefill_ab(args.model, path, args.prompt_tokens, args.rounds)
