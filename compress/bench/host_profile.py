@@ -113,19 +113,18 @@ def decode_round(llm, timer: ForwardTimer, batch: int, prompt_len: int, params, 
     return host, whole
 
 
-def measure(path, path_kind: str, batch: int, new_tokens: int, prompt_len: int, rounds: int, kind: str,
-            cprofile_top: int = 0) -> dict | None:
-    """Median host and whole microseconds of a decode step (``rounds`` rounds after a
-    warm-up one) and, with ``cprofile_top``, the host side's top functions."""
-    timer = ForwardTimer()
-    llm = load_engine(path, path_kind, max(batch, 1), timer)
-    if llm is None:
-        return None
+def measure(llm, timer: ForwardTimer, path_kind: str, batch: int, new_tokens: int, prompt_len: int, rounds: int,
+            kind: str, cprofile_top: int = 0, first_round: int = 0) -> dict:
+    """Median host and whole microseconds of a decode step of ``batch`` rows on ``llm``
+    (from load_engine with ``timer``; ``rounds`` rounds after a warm-up one) and, with
+    ``cprofile_top``, the host side's top functions. Rounds are numbered from
+    ``first_round`` (their prompts and request ids differ by round: an engine measured
+    again takes a later ``first_round``, ``rounds + 2`` on)."""
     params = sampling_params(kind, new_tokens)
     with torch.inference_mode():
-        decode_round(llm, timer, batch, prompt_len, params, 0)
+        decode_round(llm, timer, batch, prompt_len, params, first_round)
         host, whole = [], []
-        for r in range(1, rounds + 1):
+        for r in range(first_round + 1, first_round + rounds + 1):
             h, w = decode_round(llm, timer, batch, prompt_len, params, r)
             host += h
             whole += w
@@ -133,7 +132,7 @@ def measure(path, path_kind: str, batch: int, new_tokens: int, prompt_len: int, 
                   "host_us": statistics.median(host) * 1e6, "step_us": statistics.median(whole) * 1e6}
         if cprofile_top:
             profiler = cProfile.Profile()
-            h, _ = decode_round(llm, timer, batch, prompt_len, params, rounds + 1, profiler)
+            h, _ = decode_round(llm, timer, batch, prompt_len, params, first_round + rounds + 1, profiler)
             result["cprofile"] = top_functions(profiler, len(h), cprofile_top)
     return result
 
@@ -155,24 +154,31 @@ def format_functions(rows: list[dict]) -> str:
 
 
 def run_host(args) -> list[dict]:
+    """Every (path, sampling, batch) combination; one engine per path, loaded once for the
+    largest batch and reused (each round's prompts are distinct, so no prefix-cache hits)."""
     torch.set_num_threads(args.threads)
     results = []
     print(f"# host side of a decode step: median us over {args.rounds} rounds of {args.new_tokens} new tokens "
           f"({args.prompt_len}-token prompts), the forward taken out")
     print(f"{'path':<8} {'sampling':<9} {'batch':>5} {'host us':>9} {'step us':>9} {'host us/row':>12}")
-    for kind in args.sampling:
-        for path_kind in args.paths:
+    for path_kind in args.paths:
+        timer = ForwardTimer()
+        llm = load_engine(args.path, path_kind, max(max(args.batch), 1), timer)
+        first_round = 0
+        for kind in args.sampling:
             for batch in args.batch:
-                res = measure(args.path, path_kind, batch, args.new_tokens, args.prompt_len, args.rounds, kind,
-                              args.cprofile)
-                if res is None:
+                if llm is None:
                     print(f"{path_kind:<8} {kind:<9} {batch:>5}  (no native plan for this model here)")
                     continue
+                res = measure(llm, timer, path_kind, batch, args.new_tokens, args.prompt_len, args.rounds, kind,
+                              args.cprofile, first_round)
+                first_round += args.rounds + 2
                 results.append(res)
                 print(f"{path_kind:<8} {kind:<9} {batch:>5} {res['host_us']:>9.1f} {res['step_us']:>9.1f} "
                       f"{res['host_us'] / batch:>12.2f}")
                 if "cprofile" in res:
                     print(format_functions(res["cprofile"]))
+        del llm
     return results
 
 

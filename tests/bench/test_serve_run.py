@@ -38,6 +38,20 @@ def test_body_asks_for_exact_streamed_greedy_tokens():
                     "stream_options": {"include_usage": True}, "ignore_eos": True, "top_k": 1}
 
 
+def test_sampling_fields_replace_greedy():
+    """--temperature / --top-p reach every request's body (greedy when not given)."""
+    import argparse
+
+    from compress.bench.serve.command import add_arguments, sampling_fields
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert sampling_fields(p.parse_args([])) == {}
+    fields = sampling_fields(p.parse_args(["--temperature", "0.8", "--top-p", "0.95"]))
+    assert fields == {"temperature": 0.8, "top_p": 0.95}
+    body = completion_body(BenchRequest((5,), 3), Target("http://x", "m", extra_body={"logprobs": 0, **fields}))
+    assert body["temperature"] == 0.8 and body["top_p"] == 0.95 and body["logprobs"] == 0
+
+
 def test_concurrency_is_the_most_in_flight():
     with StubServer(token_delay=0.01, first_delay=0.01, hold=_until_three_in_flight) as server:
         target = Target(server.url, served_model(server.url))

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from compress.runtime import SamplingParams
-from compress.runtime.sampling import BatchSampler, add_logit_bias, apply_penalties, filter_logits, sample, token_counts
+from compress.runtime.sampling import (NUCLEUS_START, BatchSampler, add_logit_bias, apply_penalties, filter_logits,
+                                      inverse_cdf, nucleus_candidates, sample, token_counts)
 
 PROMPT = "The quick brown fox"
 
@@ -28,7 +29,8 @@ def test_top_k_one_equals_greedy(llm):
 
 
 def test_top_p_and_top_k_restrict_the_support():
-    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.25, 0.25, 0.25, 0.25]])
+    # distinct probabilities: tokens tied at a cut may be kept in either order
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.3, 0.28, 0.22, 0.2]])
     logits = probs.log()
     kept = filter_logits(logits, torch.tensor([0, 2]), torch.tensor([0.7, 1.0])).isfinite()
     assert kept.tolist() == [[True, True, False, False], [True, True, False, False]]
@@ -38,6 +40,76 @@ def test_top_p_and_top_k_restrict_the_support():
         tok = sample(logits, torch.tensor([1.0, 1.0]), torch.tensor([0, 2]), torch.tensor([0.7, 1.0]), gens)
         seen.add((int(tok[0]), int(tok[1])))
     assert {a for a, _ in seen} == {0, 1} and {b for _, b in seen} == {0, 1}
+
+
+@pytest.mark.parametrize("scale", [0.3, 3.0, 12.0])   # flat to peaked
+def test_nucleus_candidates_keep_what_filter_logits_keeps(scale):
+    """The sampler's top-k / top-p sets, taken from the largest logits without sorting
+    the vocabulary, are filter_logits' sets, row by row and for the batch at once; a row
+    whose set would pass a quarter of the vocabulary gets None (sample() sorts it)."""
+    g = torch.Generator().manual_seed(0)
+    settings = [(0, 0.5), (0, 0.9), (0, 0.99), (1, 1.0), (5, 1.0), (50, 0.9), (300, 0.95), (9000, 0.7), (7, 0.3)]
+    logits = torch.randn(len(settings), 20000, generator=g) * scale
+    top_k = torch.tensor([k for k, _ in settings])
+    top_p = torch.tensor([p for _, p in settings])
+    want = filter_logits(logits, top_k, top_p).isfinite()
+
+    def check(rows):
+        candidates = nucleus_candidates(logits[rows], top_k[rows], top_p[rows])
+        if candidates is None:   # a wide nucleus, or a top_k past a quarter of the vocabulary
+            assert int(want[rows].sum(dim=-1).max()) > NUCLEUS_START or int(top_k[rows].max()) > 20000 // 4
+            return False
+        vals, ids = candidates
+        for i, r in enumerate(rows):
+            assert set(ids[i][vals[i].isfinite()].tolist()) == set(want[r].nonzero().squeeze(1).tolist()), settings[r]
+            finite = vals[i].isfinite()
+            assert finite[:int(finite.sum())].all()   # the kept tokens come first, in descending order
+            assert bool((vals[i][finite].diff() <= 0).all())
+        return True
+
+    taken = [check([r]) for r in range(len(settings))]
+    assert taken[3] and taken[4] and taken[8]   # top_k 1 / 5, and a small nucleus, never need the sort
+    assert not taken[7]   # top_k 9,000: its normaliser needs all 9,000, past a quarter of 20,000
+    if scale > 10:
+        rest = [r for r in range(len(settings)) if r != 7]
+        assert all(taken[r] for r in rest) and check(rest)
+
+
+def test_filtered_sampling_follows_the_kept_distribution():
+    """top_p 0.8 over p = (0.5, 0.25, 0.15, 0.1): the nucleus is the first three tokens,
+    drawn in proportion 0.5 : 0.25 : 0.15; seeded rows draw from their own generators."""
+    probs = torch.tensor([0.5, 0.25, 0.15, 0.1])
+    n = 20000
+    logits = probs.log().repeat(n, 1)
+    gens = [torch.Generator().manual_seed(i) if i % 2 else None for i in range(n)]
+    toks = sample(logits, torch.ones(n), torch.zeros(n, dtype=torch.long), torch.full((n,), 0.8), gens)
+    freq = torch.bincount(toks, minlength=4).float() / n
+    torch.testing.assert_close(freq, torch.tensor([0.5, 0.25, 0.15, 0.0]) / 0.9, atol=0.02, rtol=0)
+
+
+@pytest.mark.parametrize("scale", [0.3, 6.0])   # the sort path, the candidates path
+def test_sample_draws_from_the_kept_set_in_proportion(scale):
+    """Over a 20,000-token vocabulary, top_p 0.9 at temperature 0.7: every draw is in
+    filter_logits' set and the most likely token comes up in its renormalised share."""
+    g = torch.Generator().manual_seed(1)
+    row = torch.randn(20000, generator=g) * scale
+    n = 1000 if scale > 1 else 250   # the flat row's share is ~0: fewer draws show all are in the set
+    logits = row.repeat(n, 1)
+    temp, k, p = torch.full((n,), 0.7), torch.zeros(n, dtype=torch.long), torch.full((n,), 0.9)
+    kept = filter_logits(row.unsqueeze(0) / 0.7, k[:1], p[:1])[0]
+    toks = sample(logits, temp, k, p, [None] * n)
+    assert bool(kept[toks].isfinite().all())
+    top = int(row.argmax())
+    share = float(kept.softmax(dim=-1)[top])
+    assert abs(float((toks == top).float().mean()) - share) < 0.03 + 0.05 * share
+
+
+def test_inverse_cdf_never_draws_a_zero_probability_index():
+    probs = torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.3, 0.0, 0.7, 0.0], [0.0, 1.0, 0.0, 0.0]])
+    for u in (0.0, 0.29, 0.3, 0.5, 1 - 2 ** -24):
+        idx = inverse_cdf(probs, torch.full((3,), u))
+        assert all(probs[r, int(i)] > 0 for r, i in enumerate(idx)), (u, idx)
+    assert inverse_cdf(probs, torch.tensor([0.49, 0.31, 0.0])).tolist() == [0, 2, 1]
 
 
 def test_sampling_follows_the_distribution():

@@ -114,6 +114,13 @@ def _workload_seed(seed: int, load_index: int, round_index: int) -> int:
     return seed * 1_000_003 + load_index * 1_009 + round_index
 
 
+def sampling_fields(args) -> dict:
+    """The request fields of --temperature / --top-p (none when greedy, the default)."""
+    if not getattr(args, "temperature", 0.0):
+        return {}
+    return {"temperature": args.temperature, "top_p": args.top_p}
+
+
 def _start_peers(stack: ExitStack, peer_list, peer_settings, log_dir: Path, args, log) -> list:
     """Every peer started and warmed up: [(name, RunningPeer, Target)]."""
     out = []
@@ -125,8 +132,9 @@ def _start_peers(stack: ExitStack, peer_list, peer_settings, log_dir: Path, args
                 peers_mod.RunningPeer.from_settings(name, peer_settings, log_dir))
         log(f"# {name}: starting {_describe(peer)}" + (f" (log {peer.log_path})" if peer.log_path else ""))
         stack.enter_context(peer)
+        body = {**(peer.body or {}), **sampling_fields(args)}
         out.append((name, peer, run.Target(peer.base_url, run.served_model(peer.base_url, headers) or "default",
-                                           headers, extra_body=peer.body, timeout=args.request_timeout)))
+                                           headers, extra_body=body, timeout=args.request_timeout)))
     return out
 
 
@@ -282,6 +290,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ours-arg", action="append", default=[], help="extra `compress serve` argument (repeatable), e.g. --ours-arg=--no-prefix-caching")
     p.add_argument("--llamacpp-arg", action="append", default=[], help="extra llama-server argument (repeatable), e.g. --llamacpp-arg=--no-cache-prompt")
     p.add_argument("--llamacpp-dir", help="where `compress bench llamacpp` keeps its build (default: its cache)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature of every request (default 0: greedy, as the targets are measured)")
+    p.add_argument("--top-p", type=float, default=1.0, help="with --temperature: nucleus mass of every request")
     p.add_argument("--api-key", help="bearer token sent to every peer")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds one request may take")
     p.add_argument("--log-dir", help="servers' logs (default: beside --out, <out>.logs/)")

@@ -37,8 +37,9 @@ def served_model(base_url: str, headers: dict[str, str] | None = None) -> str | 
 
 
 def completion_body(req: BenchRequest, target: Target) -> dict:
-    """The streamed, greedy ``/v1/completions`` body of ``req``: the prompt as token
-    ids, exactly ``max_tokens`` tokens (``ignore_eos``), usage in the last chunk."""
+    """The streamed ``/v1/completions`` body of ``req``: the prompt as token ids, exactly
+    ``max_tokens`` tokens (``ignore_eos``), usage in the last chunk; greedy unless the
+    target's extra fields (``--temperature`` / ``--top-p``, a peer's own) say otherwise."""
     body = {"model": target.model, "prompt": list(req.prompt), "max_tokens": req.max_tokens, "temperature": 0.0,
             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
     body.update(target.extra_body)
