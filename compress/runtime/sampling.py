@@ -274,7 +274,7 @@ def nucleus_candidates(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     while True:
         vals, ids = scaled.topk(c, dim=-1)
         open_rows = (top_k <= 0) | (ks > c)   # rows whose set the candidates may not hold
-        if bool(open_rows.any()):   # a row far short of top_p: the sort, before the nucleus arithmetic
+        if bool(open_rows.any()):   # a row far short of top_p: None (the sort) before the nucleus arithmetic
             covered = exp_floored(vals - row_lse).sum(dim=-1).clamp(min=1e-30)
             short = float((top_p / covered)[open_rows & (covered < top_p)].max()) if bool(
                 (open_rows & (covered < top_p)).any()) else 0.0
@@ -323,8 +323,9 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     """One token per row of fp32 ``logits [B, V]``: greedy where the temperature is 0,
     else a draw from softmax(logits / temperature) restricted to the row's top-k / top-p
     set, by the inverse of the cumulative distribution at one uniform per row
-    (``row_uniforms``). Filtered rows draw from their candidates (``nucleus_candidates``),
-    so neither sorts the vocabulary nor draws one random number per token."""
+    (``row_uniforms``), not one random number per token. Filtered rows draw from their
+    candidates (``nucleus_candidates``), or where those would be a quarter of the
+    vocabulary or it is small, from one sort of the row (``sorted_kept_weights``)."""
     greedy_tokens = torch.ops.compress.argmax_rows(logits)
     if all_greedy:
         return greedy_tokens
