@@ -8,23 +8,10 @@ on sequences whose prompt is in the KV cache (one token per row: a decode or dra
 """
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 
+from compress.bench.timing import median_seconds
 from compress.runtime.sampling import SamplingParams
-
-
-def _median_time(fn, repeats: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 class LiveRows:
@@ -56,7 +43,7 @@ class LiveRows:
         starts = [seq.num_computed_tokens for seq in self.seqs]
         tables = [seq.block_table for seq in self.seqs]
         every = tokens_per_row > 1
-        return _median_time(lambda: runner.forward_tokens(rows, starts, tables, every_position=every), repeats)
+        return median_seconds(lambda: runner.forward_tokens(rows, starts, tables, every_position=every), repeats)
 
     def close(self) -> None:
         for rid in self.ids:

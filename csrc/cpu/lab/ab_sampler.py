@@ -13,15 +13,14 @@ microseconds of a call of each form and their ratio, per vocabulary, rows, scale
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository, when not installed
 
+from compress.bench.timing import median_seconds  # noqa: E402
 from compress.runtime.sampling import filter_logits, sample  # noqa: E402
 
 
@@ -35,16 +34,6 @@ def sample_sorted_race(logits, temperature, top_k, top_p, generators, need_filte
     for i, g in enumerate(generators):
         noise[i].exponential_(generator=g)
     return (probs / noise).argmax(dim=-1)
-
-
-def median_us(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
 
 
 def main(argv=None) -> int:
@@ -69,8 +58,8 @@ def main(argv=None) -> int:
                 for top_p in args.top_p:
                     tp = torch.full((rows,), top_p)
                     filt = top_p < 1.0
-                    new = median_us(lambda: sample(logits, temp, top_k, tp, gens, need_filter=filt), args.reps)
-                    old = median_us(lambda: sample_sorted_race(logits, temp, top_k, tp, gens, filt), args.reps)
+                    new = 1e6 * median_seconds(lambda: sample(logits, temp, top_k, tp, gens, need_filter=filt), args.reps, 1)
+                    old = 1e6 * median_seconds(lambda: sample_sorted_race(logits, temp, top_k, tp, gens, filt), args.reps, 1)
                     print(f"vocab {vocab:6d} rows {rows:2d} scale {scale:3.1f} top_p {top_p:4.2f}: sort + race {old:8.0f} us"
                           f"  sampler {new:8.0f} us  {old / new:5.2f}x", flush=True)
     return 0
