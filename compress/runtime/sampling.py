@@ -201,28 +201,28 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
 
 
 def row_uniforms(generators: list[torch.Generator | None], device) -> torch.Tensor:
-    """One U[0, 1) draw per row: a seeded row's from its own generator (so it does not
-    depend on its batch), the others from torch's global one."""
-    u = torch.empty(len(generators), device=device)
+    """One U[0, 1) float64 draw per row: a seeded row's from its own generator (so it
+    does not depend on its batch), the others from torch's global one."""
+    u = torch.empty(len(generators), dtype=torch.float64)
     unseeded = [i for i, g in enumerate(generators) if g is None]
     for i, g in enumerate(generators):
         if g is not None:
-            u[i] = torch.rand(1, generator=g, device=g.device)[0]
+            u[i] = torch.rand(1, generator=g, dtype=torch.float64, device=g.device).item()
     if unseeded:
-        u[unseeded] = torch.rand(len(unseeded), device=device)
-    return u
+        u[unseeded] = torch.rand(len(unseeded), dtype=torch.float64)
+    return u.to(device)
 
 
-def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Index drawn from each row of ``probs [B, C]`` (non-negative, not necessarily
-    normalised) by the inverse of its cumulative sum at ``u [B]`` in [0, 1): the first
-    index whose running sum exceeds u times the row's total, so never a zero-probability
-    index (where rounding puts u times the total at the total, the last positive one)."""
-    cum = probs.cumsum(dim=-1)
-    target = (u * cum[:, -1]).unsqueeze(1)
+def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Index drawn from each row of ``weights [B, C]`` (non-negative, not necessarily
+    normalised; its kept entries first) by the inverse of its float64 cumulative sum at
+    ``u [B]`` in [0, 1): the first index whose running sum exceeds u times the row's
+    total, so never a zero-weight index (where rounding puts u times the total at the
+    total, the last positive one)."""
+    cum = weights.double().cumsum(dim=-1)
+    target = (u.double() * cum[:, -1]).unsqueeze(1)
     idx = torch.searchsorted(cum, target, right=True).squeeze(1)
-    positive = probs > 0
-    last = probs.shape[1] - 1 - positive.flip(-1).to(torch.uint8).argmax(dim=-1)
+    last = weights.shape[1] - 1 - (weights > 0).flip(-1).to(torch.uint8).argmax(dim=-1)
     return torch.minimum(idx, last)
 
 
@@ -246,107 +246,117 @@ def logsumexp_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 # Candidates a filtered row starts from (its top_k when that is smaller), and the least
-# factor they grow by while some row's nucleus does not fit (past a quarter of the
-# vocabulary, a sort of the whole row instead: topk is then about as dear).
+# factor they grow by while some row's set does not fit (past a quarter of the vocabulary,
+# a sort of the whole row instead: topk is then about as dear).
 NUCLEUS_START = 64
 NUCLEUS_GROWTH = 8
 # Below this many tokens a row's sort costs less than the candidates' extra small ops.
 NUCLEUS_MIN_VOCAB = 16384
+# Temperatures under this are greedy (dividing by them overflows the logits).
+MIN_TEMPERATURE = 1e-5
+
+
+def canonical_order(vals: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(vals, ids)`` reordered by value descending, then token id ascending: the one order
+    of a row's tokens whichever way they were found (topk and sort order ties as they like),
+    so a row's kept set and draw do not depend on how many candidates its batch took."""
+    by_id, perm = ids.sort(dim=-1)
+    vals = vals.gather(1, perm)
+    vals, order = vals.sort(dim=-1, descending=True, stable=True)
+    return vals, by_id.gather(1, order)
+
+
+def kept_set(vals: torch.Tensor, ks: torch.Tensor, k_rows: torch.Tensor, top_p: torch.Tensor,
+             row_lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """From a row's largest logits in canonical order (``vals [B, C]``): ``(kept, drop)``,
+    the logits of its top-k / top-p set (-inf past it) and the nucleus cut. filter_logits'
+    rule: ranks >= k out (``k_rows``), probabilities over the k tokens or else over the
+    whole row (``row_lse``), then out every token whose mass before it reaches top_p. The
+    k tokens' total is read off a running sum, which only the prefix decides, so the
+    candidates and the sort give a row the same bits."""
+    C = vals.shape[1]
+    ranks = torch.arange(C, device=vals.device).unsqueeze(0)
+    masked = vals.masked_fill(ranks >= ks.unsqueeze(1), float("-inf"))
+    top = vals[:, :1]
+    k_total = exp_floored(masked - top).cumsum(dim=-1).gather(1, (ks.clamp(max=C) - 1).unsqueeze(1))
+    lse = torch.where((k_rows & (ks <= C)).unsqueeze(1), top + k_total.log(), row_lse)
+    probs = exp_floored(masked - lse)
+    drop = ((probs.cumsum(dim=-1) - probs) >= top_p.unsqueeze(1)) & (top_p < 1.0).unsqueeze(1)
+    return masked.masked_fill(drop, float("-inf")), drop
 
 
 def nucleus_candidates(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
                        ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Each row's top-k / top-p set as filter_logits keeps it, without sorting the whole
-    vocabulary: ``(values [B, C], ids [B, C])``, each row's kept tokens first in
-    descending order and -inf past them. From the row's C largest logits (``topk``): with
-    top_k > 0 the set's probabilities are normalised over its k tokens, otherwise over the
-    whole row (its logsumexp); the nucleus is the tokens whose mass before them is under
-    top_p. C grows until every row's k tokens, or its nucleus, lie within it. None when C
-    would have to pass a quarter of the vocabulary (a flat row), or the vocabulary is
-    under NUCLEUS_MIN_VOCAB: one sort is then the cheaper way."""
+    vocabulary: ``(kept [B, C], ids [B, C])`` in canonical order, -inf past the set. From
+    the row's C largest logits (``topk``, C from 64, growing) through kept_set. A row is
+    settled once its k tokens are all candidates (top_k > 0) or its nucleus ended before
+    them, and the tie group at its cut ended before the last candidate too (tokens that
+    tie with it may lie outside). None when C would have to pass a quarter of the
+    vocabulary (a flat row), the vocabulary is under NUCLEUS_MIN_VOCAB, or a row's mass
+    is not finite: a sort of the row is then the way (sample())."""
     B, V = scaled.shape
-    ks = torch.where(top_k > 0, top_k.clamp(max=V), V)
+    k_rows = (top_k > 0) & (top_k < V)   # top_k >= V keeps every token: no k
+    ks = torch.where(k_rows, top_k, V)
     need = int(ks.max())
-    c = need if bool((top_p >= 1.0).all()) else max(min(need, NUCLEUS_START), 1)
+    c = need + 1 if bool((top_p >= 1.0).all()) else max(min(need + 1, NUCLEUS_START), 2)
     if c > V // 4 or V < NUCLEUS_MIN_VOCAB:
         return None
     row_lse = logsumexp_rows(scaled)   # the normaliser of rows without top_k
+    if not bool(row_lse.isfinite().all()):
+        return None
     while True:
-        vals, ids = scaled.topk(c, dim=-1)
-        open_rows = (top_k <= 0) | (ks > c)   # rows whose set the candidates may not hold
-        if bool(open_rows.any()):   # a row far short of top_p: None (the sort) before the nucleus arithmetic
-            covered = exp_floored(vals - row_lse).sum(dim=-1).clamp(min=1e-30)
-            short = float((top_p / covered)[open_rows & (covered < top_p)].max()) if bool(
-                (open_rows & (covered < top_p)).any()) else 0.0
-            if c * 2 * short > V // 4:
-                return None
-        ranks = torch.arange(c, device=scaled.device).unsqueeze(0)
-        in_k = ranks < ks.unsqueeze(1)
-        masked = vals.masked_fill(~in_k, float("-inf"))
-        # normalised over the row's k tokens when those lie within the candidates, else over the row
-        lse = torch.where((top_k > 0).unsqueeze(1) & (ks <= c).unsqueeze(1), logsumexp_rows(masked), row_lse)
-        probs = exp_floored(masked - lse)
-        mass_before = probs.cumsum(dim=-1) - probs
-        drop = (mass_before >= top_p.unsqueeze(1)) & (top_p < 1.0).unsqueeze(1)
-        kept = masked.masked_fill(drop, float("-inf"))
-        # a top_k row is settled once its k tokens are all candidates (its normaliser is
-        # over them: with fewer, its nucleus is not known); another once its nucleus ended
-        # before the candidates did
-        cut_inside = (top_p < 1.0) & drop.any(dim=-1)
-        done = torch.where(top_k > 0, ks <= c, cut_inside)
+        vals, ids = canonical_order(*scaled.topk(c, dim=-1))
+        kept, drop = kept_set(vals, ks, k_rows, top_p, row_lse)
+        n_kept = kept.isfinite().sum(dim=-1)
+        last_kept = vals.gather(1, (n_kept - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+        tie_inside = vals[:, -1] < last_kept   # every token tied with the last kept one is a candidate
+        cut = torch.where(k_rows, ks < c, (top_p < 1.0) & drop.any(dim=-1))
+        done = cut & tie_inside
         if bool(done.all()):
             return kept, ids
-        # grow by NUCLEUS_GROWTH, or by twice what the missing mass suggests (a flat row,
-        # whose candidates hold a sliver of top_p, goes to the whole vocabulary at once)
-        covered = probs.sum(dim=-1).clamp(min=1e-30)
+        covered = exp_floored(vals - row_lse).sum(dim=-1).clamp(min=1e-30)
         short = float((top_p / covered)[~done].max())
-        c = int(c * max(NUCLEUS_GROWTH, math.ceil(2 * short)))
+        if not math.isfinite(short):
+            return None
+        grow = max(NUCLEUS_GROWTH, math.ceil(2 * short))
+        c = max(int(c * grow), int(ks[~done].max()) + 1)
         if c > V // 4:
             return None
-
-
-def sorted_kept_weights(sorted_vals: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Relative weights ``[B, V]`` of each row's top-k / top-p set, from its logits sorted
-    in descending order (filter_logits' set, 0 past it)."""
-    V = sorted_vals.shape[1]
-    ranks = torch.arange(V, device=sorted_vals.device).unsqueeze(0)
-    k = torch.where(top_k > 0, top_k, V).unsqueeze(1)
-    w = exp_floored(sorted_vals - sorted_vals[:, :1]).masked_fill_(ranks >= k, 0.0)
-    probs = w / w.sum(dim=-1, keepdim=True)
-    drop = ((probs.cumsum(dim=-1) - probs) >= top_p.unsqueeze(1)) & (top_p < 1.0).unsqueeze(1)
-    return w.masked_fill_(drop, 0.0)
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
            generators: list[torch.Generator | None], all_greedy: bool = False,
            need_filter: bool = True) -> torch.Tensor:
-    """One token per row of fp32 ``logits [B, V]``: greedy where the temperature is 0,
-    else a draw from softmax(logits / temperature) restricted to the row's top-k / top-p
-    set, by the inverse of the cumulative distribution at one uniform per row
-    (``row_uniforms``), not one random number per token. Filtered rows draw from their
-    candidates (``nucleus_candidates``), or where those would be a quarter of the
-    vocabulary or it is small, from one sort of the row (``sorted_kept_weights``)."""
+    """One token per row of fp32 ``logits [B, V]``: greedy where the temperature is under
+    MIN_TEMPERATURE or the row holds a NaN or an infinity, else a draw from
+    softmax(logits / temperature) restricted to the row's top-k / top-p set, by the
+    inverse of the cumulative distribution at one uniform per row (``row_uniforms``), not
+    one random number per token. A row's set comes in canonical order from its candidates
+    (``nucleus_candidates``), or where those would be a quarter of the vocabulary or it is
+    small, from one sort of its row: the same set and draw either way."""
     greedy_tokens = torch.ops.compress.argmax_rows(logits)
     if all_greedy:
         return greedy_tokens
-    greedy = temperature == 0
+    greedy = (temperature < MIN_TEMPERATURE) | ~logits.isfinite().all(dim=-1)
     scaled = logits / torch.where(greedy, 1.0, temperature).unsqueeze(1)
     u = row_uniforms(generators, logits.device)
-    sampled = torch.empty_like(greedy_tokens)
+    sampled = greedy_tokens.clone()
     filtered = ((top_k > 0) | (top_p < 1.0)) & ~greedy if need_filter else torch.zeros_like(greedy)
     rows_f = filtered.nonzero().squeeze(1)
     rows_a = (~filtered & ~greedy).nonzero().squeeze(1)
     if rows_f.numel():
         rows, k, p = scaled[rows_f], top_k[rows_f], top_p[rows_f]
         candidates = nucleus_candidates(rows, k, p)
-        if candidates is None:   # a flat row: the whole vocabulary, filtered through one sort
-            vals, ids = rows.sort(dim=-1, descending=True)
-            probs = sorted_kept_weights(vals, k, p)
-            sampled[rows_f] = ids.gather(1, inverse_cdf(probs, u[rows_f]).unsqueeze(1)).squeeze(1)
+        if candidates is None:   # one sort of each row
+            V = rows.shape[1]
+            vals, ids = rows.sort(dim=-1, descending=True, stable=True)   # ties by id: the canonical order
+            k_rows = (k > 0) & (k < V)
+            kept, _ = kept_set(vals, torch.where(k_rows, k, V), k_rows, p, logsumexp_rows(rows))
         else:
-            vals, ids = candidates
-            probs = exp_floored(vals - vals[:, :1])   # the kept tokens' relative weights (0 past them)
-            sampled[rows_f] = ids.gather(1, inverse_cdf(probs, u[rows_f]).unsqueeze(1)).squeeze(1)
+            kept, ids = candidates
+        weights = exp_floored(kept - kept[:, :1])   # the kept tokens' relative weights (0 past them)
+        sampled[rows_f] = ids.gather(1, inverse_cdf(weights, u[rows_f]).unsqueeze(1)).squeeze(1)
     if rows_a.numel():
         rows = scaled[rows_a]
         sampled[rows_a] = inverse_cdf(exp_floored(rows - rows.amax(dim=-1, keepdim=True)), u[rows_a])

@@ -104,6 +104,51 @@ def test_sample_draws_from_the_kept_set_in_proportion(scale):
     assert abs(float((toks == top).float().mean()) - share) < 0.03 + 0.05 * share
 
 
+def test_a_seeded_filtered_row_draws_the_same_whatever_its_batch():
+    """bf16-rounded logits tie often. A seeded top_p row draws the same token alone, next
+    to a top_k 300 row (more candidates for the batch) and next to a flat row (the batch
+    sorts instead): the set comes in one order (value, then token id) and its cut and
+    weights in the same bits either way."""
+    g = torch.Generator().manual_seed(3)
+    V = 32000
+    row = (torch.randn(V, generator=g) * 4).bfloat16().float()
+    big_k = (torch.randn(V, generator=g) * 4).bfloat16().float()
+    flat = (torch.randn(V, generator=g) * 0.1).bfloat16().float()
+
+    def draw(seed, other=None, other_k=0, other_p=1.0):
+        rows = [row] if other is None else [row, other]
+        n = len(rows)
+        gens = [torch.Generator().manual_seed(seed)] + [torch.Generator().manual_seed(99)] * (n - 1)
+        k = torch.tensor([0, other_k][:n])
+        p = torch.tensor([0.9, other_p][:n])
+        return int(sample(torch.stack(rows), torch.full((n,), 0.8), k, p, gens)[0])
+
+    alone = [draw(s) for s in range(40)]
+    assert len(set(alone)) > 3
+    assert [draw(s, big_k, other_k=300) for s in range(40)] == alone
+    assert [draw(s, flat, other_p=0.95) for s in range(40)] == alone
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "tiny_temperature"])
+def test_rows_that_cannot_be_sampled_take_their_argmax(bad):
+    """A NaN or an infinity in a row, or a temperature under MIN_TEMPERATURE (its logits
+    would overflow), make that row greedy; the other rows still sample, nothing raises."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 20000, generator=g) * 3
+    temp = torch.tensor([0.8, 0.8, 0.8])
+    if bad == "nan":
+        logits[0, 5] = float("nan")
+    elif bad == "inf":
+        logits[0, 7] = float("inf")
+    else:
+        temp[0] = 1e-39
+    gens = [torch.Generator().manual_seed(i) for i in range(3)]
+    for top_k, top_p in ((0, 0.9), (40, 1.0), (0, 1.0)):
+        toks = sample(logits, temp, torch.full((3,), top_k), torch.full((3,), top_p), gens)
+        assert int(toks[0]) == int(torch.ops.compress.argmax_rows(logits[:1])[0])
+        assert all(0 <= int(t) < 20000 for t in toks)
+
+
 def test_inverse_cdf_never_draws_a_zero_probability_index():
     probs = torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.3, 0.0, 0.7, 0.0], [0.0, 1.0, 0.0, 0.0]])
     for u in (0.0, 0.29, 0.3, 0.5, 1 - 2 ** -24):
