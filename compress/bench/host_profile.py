@@ -27,6 +27,8 @@ import time
 
 import torch
 
+from compress.bench.synthetic import synthetic_prompts
+
 PATHS = ("native", "graphs", "module")
 SAMPLING = ("greedy", "logprobs", "sample")
 
@@ -91,9 +93,9 @@ def sampling_params(kind: str, new_tokens: int):
 def decode_round(llm, timer: ForwardTimer, batch: int, prompt_len: int, params, round_id: int,
                  profiler: cProfile.Profile | None = None) -> tuple[list[float], list[float]]:
     """One round: ``(host seconds, whole seconds)`` of each decode step."""
-    engine, vocab = llm.engine, llm.config.vocab_size
-    for i in range(batch):   # distinct prompts: no prefix-cache hits between rounds
-        prompt = [(7 * i + 3 * j + 11 * round_id) % (vocab - 10) + 5 for j in range(prompt_len)]
+    engine = llm.engine
+    # distinct prompts, round by round (a batch size's rounds never repeat one)
+    for i, prompt in enumerate(synthetic_prompts(llm.config.vocab_size, batch, prompt_len, first=round_id * batch)):
         engine.add_request(f"host-{round_id}-{i}", prompt, params)
     engine.step()   # the prefill
     host, whole = [], []
@@ -155,7 +157,7 @@ def format_functions(rows: list[dict]) -> str:
 
 def run_host(args) -> list[dict]:
     """Every (path, sampling, batch) combination; one engine per path, loaded once for the
-    largest batch and reused (each round's prompts are distinct, so no prefix-cache hits)."""
+    largest batch and reused (a batch size's rounds get distinct prompts: synthetic_prompts)."""
     torch.set_num_threads(args.threads)
     results = []
     print(f"# host side of a decode step: median us over {args.rounds} rounds of {args.new_tokens} new tokens "

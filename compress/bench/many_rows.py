@@ -230,6 +230,7 @@ def decode_ab(checkpoint: str, path: str, batch_rows: list[int], rounds: int, pr
     row's first token to the last row's finish), median over rounds that alternate the
     two sides in one process. ValueError: rows below 1, fewer than 2 new tokens, or a
     path this CPU's layers would not reach (check_model_path)."""
+    from compress.bench.synthetic import synthetic_prompts
     from compress.runtime import LLM, SamplingParams
 
     if min(batch_rows) < 1 or new_tokens < 2:
@@ -245,8 +246,7 @@ def decode_ab(checkpoint: str, path: str, batch_rows: list[int], rounds: int, pr
     results = []
     try:
         for rows in batch_rows:
-            prompts = [[(7 * i + 13 * r) % (llm.config.vocab_size - 10) + 5 for i in range(prompt_len)]
-                       for r in range(rows)]
+            prompts = synthetic_prompts(llm.config.vocab_size, rows, prompt_len)
             rates: dict[str, list[float]] = {which.on: [], which.off: []}
             tokens = {}
             for round_ in range(rounds + 1):  # the first round warms up, untimed

@@ -24,6 +24,7 @@ from collections import defaultdict
 
 import torch
 
+from compress.bench.synthetic import synthetic_prompts
 from compress.errors import UserError
 from compress.w4_activations import DEFAULT_W4_ACTIVATIONS, W4_ACTIVATIONS
 from compress.io.files import atomic_write_text
@@ -79,7 +80,7 @@ def profile_decode(llm, tokens: int, prompt_len: int, rows: int = 1) -> dict:
     if rows > llm.engine.scheduler.max_num_seqs:
         raise ProfileSettingsError(f"compress bench profile: --rows {rows} is more than the engine's "
                                    f"max_batch_size ({llm.engine.scheduler.max_num_seqs})")
-    prompts = [[(7 * i + 13 * r) % (llm.config.vocab_size - 10) + 5 for i in range(prompt_len)] for r in range(rows)]
+    prompts = synthetic_prompts(llm.config.vocab_size, rows, prompt_len)
     llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))  # warm-up
 
     def profiled(n: int):

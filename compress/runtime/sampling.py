@@ -287,25 +287,28 @@ def kept_set(vals: torch.Tensor, ks: torch.Tensor, k_rows: torch.Tensor, top_p: 
     return masked.masked_fill(drop, float("-inf")), drop
 
 
-def nucleus_candidates(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
-                       ) -> tuple[torch.Tensor, torch.Tensor] | None:
+def k_limits(top_k: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(k_rows, ks)``: the rows whose top_k cuts (0 < k < V; k >= V keeps every token)
+    and each row's k (V where it does not cut)."""
+    k_rows = (top_k > 0) & (top_k < vocab)
+    return k_rows, torch.where(k_rows, top_k, vocab)
+
+
+def nucleus_candidates(scaled: torch.Tensor, k_rows: torch.Tensor, ks: torch.Tensor, top_p: torch.Tensor,
+                       row_lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Each row's top-k / top-p set as filter_logits keeps it, without sorting the whole
     vocabulary: ``(kept [B, C], ids [B, C])`` in canonical order, -inf past the set. From
-    the row's C largest logits (``topk``, C from 64, growing) through kept_set. A row is
+    the row's C largest logits (``topk``, C from 64, growing) through kept_set; ``k_rows``
+    / ``ks`` from k_limits, ``row_lse`` each row's logsumexp_rows. A row is
     settled once its k tokens are all candidates (top_k > 0) or its nucleus ended before
     them, and the tie group at its cut ended before the last candidate too (tokens that
     tie with it may lie outside). None when C would have to pass a quarter of the
     vocabulary (a flat row), the vocabulary is under NUCLEUS_MIN_VOCAB, or a row's mass
     is not finite: a sort of the row is then the way (sample())."""
     B, V = scaled.shape
-    k_rows = (top_k > 0) & (top_k < V)   # top_k >= V keeps every token: no k
-    ks = torch.where(k_rows, top_k, V)
     need = int(ks.max())
     c = need + 1 if bool((top_p >= 1.0).all()) else max(min(need + 1, NUCLEUS_START), 2)
-    if c > V // 4 or V < NUCLEUS_MIN_VOCAB:
-        return None
-    row_lse = logsumexp_rows(scaled)   # the normaliser of rows without top_k
-    if not bool(row_lse.isfinite().all()):
+    if c > V // 4 or V < NUCLEUS_MIN_VOCAB or not bool(row_lse.isfinite().all()):
         return None
     while True:
         vals, ids = canonical_order(*scaled.topk(c, dim=-1))
@@ -349,13 +352,13 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     rows_f = filtered.nonzero().squeeze(1)
     rows_a = (~filtered & ~greedy).nonzero().squeeze(1)
     if rows_f.numel():
-        rows, k, p = scaled[rows_f], top_k[rows_f], top_p[rows_f]
-        candidates = nucleus_candidates(rows, k, p)
+        rows, p = scaled[rows_f], top_p[rows_f]
+        k_rows, ks = k_limits(top_k[rows_f], rows.shape[1])
+        row_lse = logsumexp_rows(rows)   # the normaliser of rows without a k, either way
+        candidates = nucleus_candidates(rows, k_rows, ks, p, row_lse)
         if candidates is None:   # one sort of each row
-            V = rows.shape[1]
             vals, ids = rows.sort(dim=-1, descending=True, stable=True)   # ties by id: the canonical order
-            k_rows = (k > 0) & (k < V)
-            kept, _ = kept_set(vals, torch.where(k_rows, k, V), k_rows, p, logsumexp_rows(rows))
+            kept, _ = kept_set(vals, ks, k_rows, p, row_lse)
         else:
             kept, ids = candidates
         weights = exp_floored(kept - kept[:, :1])   # the kept tokens' relative weights (0 past them)

@@ -5,7 +5,7 @@ import torch
 
 from compress.runtime import SamplingParams
 from compress.runtime.sampling import (NUCLEUS_START, BatchSampler, add_logit_bias, apply_penalties, filter_logits,
-                                      inverse_cdf, nucleus_candidates, sample, token_counts)
+                                      inverse_cdf, k_limits, logsumexp_rows, nucleus_candidates, sample, token_counts)
 
 PROMPT = "The quick brown fox"
 
@@ -55,7 +55,8 @@ def test_nucleus_candidates_keep_what_filter_logits_keeps(scale):
     want = filter_logits(logits, top_k, top_p).isfinite()
 
     def check(rows):
-        candidates = nucleus_candidates(logits[rows], top_k[rows], top_p[rows])
+        part = logits[rows]
+        candidates = nucleus_candidates(part, *k_limits(top_k[rows], part.shape[1]), top_p[rows], logsumexp_rows(part))
         if candidates is None:   # a wide nucleus, or a top_k past a quarter of the vocabulary
             assert int(want[rows].sum(dim=-1).max()) > NUCLEUS_START or int(top_k[rows].max()) > 20000 // 4
             return False
