@@ -3,6 +3,8 @@ limit, Poisson send times and the long prompt sent among running decodes."""
 import asyncio
 import time
 
+import pytest
+
 from openai_stub_server import StubServer
 
 from compress.bench.serve.run import (Target, completion_body, run_arrivals, run_concurrency, run_long_prompt,
@@ -50,6 +52,10 @@ def test_sampling_fields_replace_greedy():
     assert fields == {"temperature": 0.8, "top_p": 0.95}
     body = completion_body(BenchRequest((5,), 3), Target("http://x", "m", extra_body={"logprobs": 0, **fields}))
     assert body["temperature"] == 0.8 and body["top_p"] == 0.95 and body["logprobs"] == 0
+    from compress.errors import UserError
+    for bad in (["--top-p", "0.9"], ["--temperature", "-1"], ["--temperature", "1", "--top-p", "0"]):
+        with pytest.raises(UserError, match="--top-p|--temperature"):
+            sampling_fields(p.parse_args(bad))
 
 
 def test_concurrency_is_the_most_in_flight():

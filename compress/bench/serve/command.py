@@ -115,10 +115,18 @@ def _workload_seed(seed: int, load_index: int, round_index: int) -> int:
 
 
 def sampling_fields(args) -> dict:
-    """The request fields of --temperature / --top-p (none when greedy, the default)."""
-    if not getattr(args, "temperature", 0.0):
+    """The request fields of --temperature / --top-p (none when greedy, the default).
+    UserError: a temperature below 0, a top_p outside (0, 1], or a top_p without a
+    temperature (greedy requests ignore it)."""
+    temperature, top_p = getattr(args, "temperature", 0.0), getattr(args, "top_p", 1.0)
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise UserError(f"compress bench serve: --temperature must be >= 0 and --top-p in (0, 1], got "
+                        f"{temperature} and {top_p}")
+    if not temperature:
+        if top_p != 1.0:
+            raise UserError("compress bench serve: --top-p needs --temperature above 0 (greedy requests ignore it)")
         return {}
-    return {"temperature": args.temperature, "top_p": args.top_p}
+    return {"temperature": temperature, "top_p": top_p}
 
 
 def _start_peers(stack: ExitStack, peer_list, peer_settings, log_dir: Path, args, log) -> list:
