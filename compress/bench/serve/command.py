@@ -239,6 +239,7 @@ def main(args) -> int:
     else:
         if not args.model and not args.url:
             raise UserError("--model EXPORT is required (or --url NAME=URL for servers already running)")
+        sampling_fields(args)   # its errors before any server starts
         main_thread = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
         try:
