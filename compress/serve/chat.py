@@ -82,7 +82,7 @@ async def create_chat_completion(state, body: ChatCompletionRequest, request):
     return {"id": rid, "object": "chat.completion", "created": int(time.time()),
             "model": state.config.model_name,
             "choices": [{"index": j, "message": {"role": "assistant", "content": texts[j]},
-                         "logprobs": chat_logprobs(lps[j], state.token_text) if body.logprobs else None,
+                         "logprobs": chat_logprobs(lps[j], state.token_bytes) if body.logprobs else None,
                          "finish_reason": reasons[j] or "length"} for j in range(n)],
             "usage": {"prompt_tokens": len(ids), "completion_tokens": sum(tokens),
                       "total_tokens": len(ids) + sum(tokens)}}
@@ -106,7 +106,7 @@ async def _stream(state, body, rid, gen: Generation, prompt_tokens: int, stops: 
             j, item = await gen.next()
             completion_tokens += len(item.new_token_ids)
             delta = holds[j].release(item.text, item.finished)
-            lps = chat_logprobs(item.new_logprobs, state.token_text) if body.logprobs else None
+            lps = chat_logprobs(item.new_logprobs, state.token_bytes) if body.logprobs else None
             if delta or (lps and lps["content"]):
                 yield chunk(j, {"content": delta}, logprobs=lps)
             if item.finished:

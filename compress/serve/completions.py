@@ -38,6 +38,8 @@ class _Choice:
     text: str = ""
     finish_reason: str | None = None
     sample_index: int = 0     # which of the prompt's n choices (the first counts the prompt's usage)
+    offset_base: int | None = None   # streaming: text_offset of token offset_counted
+    offset_counted: int = 0
 
 
 def prepare(state, body: CompletionRequest) -> list[_Choice]:
@@ -121,11 +123,29 @@ def _absorb(choice: _Choice, item) -> None:
 
 
 def _logprobs_of(state, body, c: _Choice, generated_from: int = 0, with_prompt: bool = True):
+    """The choice's logprobs object: with the prompt's entries (``echo``) and the generated
+    ones from ``generated_from`` on. Offsets count in the answer's text as a whole: a
+    streamed chunk's tokens go on from where the chunks before it ended."""
     if body.logprobs is None:
         return None
-    entries = (list(c.prompt_logprobs or []) if with_prompt and body.echo else []) + c.logprobs[generated_from:]
-    offset = 0 if (body.echo and with_prompt) else len(c.prompt_text)
-    return completion_logprobs(entries, state.token_text, offset)
+    prompt = list(c.prompt_logprobs or []) if with_prompt and body.echo else []
+    if prompt or (body.echo and with_prompt):
+        offset = 0
+    else:
+        offset = _generated_offset(state, body, c) + sum(len(state.token_text(e.token_id))
+                                                          for e in c.logprobs[c.offset_counted:generated_from])
+        c.offset_counted, c.offset_base = generated_from, offset
+    return completion_logprobs(prompt + c.logprobs[generated_from:], state.token_text, offset)
+
+
+def _generated_offset(state, body, c: _Choice) -> int:
+    """Where the choice's generated text starts (or, once streaming, where its last
+    streamed chunk's tokens started): after the echoed prompt's tokens, else after the prompt."""
+    if c.offset_base is not None:
+        return c.offset_base
+    if body.echo and c.prompt_logprobs:
+        return sum(len(state.token_text(e.token_id)) for e in c.prompt_logprobs)
+    return len(c.prompt_text)
 
 
 def _usage(choices: list[_Choice]) -> dict:

@@ -78,7 +78,10 @@ def from_engine(token_id: int, entry, top_k: int) -> TokenLogprob:
 def completion_logprobs(entries: list[TokenLogprob], token_text: Callable[[int], str],
                         text_offset: int = 0) -> dict:
     """The completions API's ``logprobs`` object. Alternatives whose text coincides keep
-    the more likely one (the object is keyed by token text, as OpenAI's is)."""
+    the more likely one (the object is keyed by token text, as OpenAI's is); the chosen
+    token is among them even when it is not in the top ``k`` (as OpenAI and vLLM answer,
+    so ``logprobs=0`` gives the chosen token alone). ``text_offset``: where the first
+    token starts in the answer's text; each token then advances it by its text's length."""
     tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
     for e in entries:
         text = token_text(e.token_id)
@@ -92,16 +95,18 @@ def completion_logprobs(entries: list[TokenLogprob], token_text: Callable[[int],
         alternatives: dict[str, float] = {}
         for tid, lp in e.top:
             alternatives.setdefault(token_text(tid), lp)
+        alternatives.setdefault(text, e.logprob)   # the chosen token is always there (k + 1 at most)
         top_logprobs.append(alternatives)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
             "text_offset": offsets}
 
 
-def chat_logprobs(entries: list[TokenLogprob], token_text: Callable[[int], str]) -> dict:
-    """The chat API's ``logprobs`` object."""
+def chat_logprobs(entries: list[TokenLogprob], token_bytes: Callable[[int], bytes]) -> dict:
+    """The chat API's ``logprobs`` object: each token's ``bytes`` are the token's own
+    (a part of a UTF-8 character included), its ``token`` those bytes as text."""
     def item(tid, lp):
-        text = token_text(tid)
-        return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+        raw = token_bytes(tid)
+        return {"token": raw.decode("utf-8", "replace"), "logprob": lp, "bytes": list(raw)}
 
     return {"content": [{**item(e.token_id, e.logprob),
                          "top_logprobs": [item(t, lp) for t, lp in e.top]} for e in entries]}

@@ -82,7 +82,7 @@ class _SamplingFields(_Strict):
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(-1, ge=-1)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    seed: int | None = Field(None, ge=-2**63, le=2**63 - 1)   # vLLM's range; negative seeds wrap
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -281,7 +281,34 @@ def parse_json_body(raw: bytes) -> dict:
         raise APIError(f"malformed JSON body: {exc}", param=None, code="invalid_json") from None
     if not isinstance(data, dict):
         raise APIError("the request body must be a JSON object", code="invalid_json")
+    _check_strings(data, [])
     return data
+
+
+def check_unicode(text: str, param: str | None) -> None:
+    """400 for a string that is not valid Unicode: JSON's ``\\ud83d`` escape can carry half
+    of a UTF-16 surrogate pair (a JavaScript client that cut an emoji in two sends one), which
+    no tokenizer can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        where = f"{param}: " if param else ""
+        raise APIError(f"{where}the text holds an unpaired UTF-16 surrogate (U+{ord(text[exc.start]):04X}) at "
+                       f"character {exc.start}: not valid Unicode", param=param) from None
+
+
+def _check_strings(value, path: list) -> None:
+    """Every string of a parsed body (keys too) through :func:`check_unicode`, naming its path."""
+    if isinstance(value, str):
+        check_unicode(value, ".".join(map(str, path)) or None)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            check_unicode(k, ".".join(map(str, path + [k])) or None)
+            _check_strings(v, path + [k])
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            if isinstance(v, (str, dict, list)):
+                _check_strings(v, path + [i])
 
 
 def validate(model_class: type[BaseModel], data: dict) -> BaseModel:

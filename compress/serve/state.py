@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from compress.serve.chat_template import PLAIN_CHAT_TEMPLATE, chat_template_of
-from compress.serve.protocol import APIError
+from compress.serve.protocol import APIError, check_unicode
+from compress.serve.token_bytes import token_bytes_fn
 
 
 @dataclass
@@ -54,7 +55,8 @@ class ServerState:
         except Exception:   # noqa: BLE001 - a tokenizer that cannot be copied is shared
             self.tokenizer = tok
         self.vocab_size = int(getattr(self.llm.config, "vocab_size", 0) or 0)
-        self._token_text: dict[int, str] = {}
+        self._token_bytes: dict[int, bytes] = {}
+        self._bytes_of = None
 
     # ------------------------------------------------------------------ model facts
     @property
@@ -70,6 +72,7 @@ class ServerState:
     def encode(self, text: str, add_special_tokens: bool, param: str = "prompt") -> list[int]:
         if self.tokenizer is None:
             raise APIError(f"{param}: this model has no tokenizer; send token ids", param=param)
+        check_unicode(text, param)
         return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
@@ -77,14 +80,24 @@ class ServerState:
             raise APIError("this model has no tokenizer: cannot turn tokens into text")
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes the token stands for (compress/serve/token_bytes.py): what a chat
+        logprob's ``bytes`` holds, and, decoded, the token's text in both logprob layouts."""
+        raw = self._token_bytes.get(token_id)
+        if raw is None:
+            if self.tokenizer is None:
+                raw = str(token_id).encode()
+            else:
+                if self._bytes_of is None:
+                    self._bytes_of = token_bytes_fn(self.tokenizer)
+                raw = self._bytes_of(token_id)
+            if len(self._token_bytes) < 1_000_000:
+                self._token_bytes[token_id] = raw
+        return raw
+
     def token_text(self, token_id: int) -> str:
-        text = self._token_text.get(token_id)
-        if text is None:
-            text = self.decode([token_id], skip_special_tokens=False) if self.tokenizer is not None \
-                else str(token_id)
-            if len(self._token_text) < 1_000_000:
-                self._token_text[token_id] = text
-        return text
+        """The token's text: its bytes as UTF-8, U+FFFD for a part of a character."""
+        return self.token_bytes(token_id).decode("utf-8", "replace")
 
     def check_token_ids(self, ids: list[int], param: str) -> None:
         bad = [t for t in ids if t < 0 or (self.vocab_size and t >= self.vocab_size)]

@@ -218,14 +218,14 @@ def test_echo_logprobs_score_the_prompt(server, references):
     assert len(lp["token_logprobs"]) == len(ids) + 1 and lp["token_logprobs"][0] is None
     assert lp["top_logprobs"][0] is None
     assert lp["token_logprobs"][1:len(ids)] == pytest.approx(references["score_logprobs"], abs=1e-4)
-    for chosen, top in zip(lp["token_logprobs"][1:], lp["top_logprobs"][1:]):
-        assert len(top) == 1 and max(top.values()) >= chosen
+    for token, chosen, top in zip(lp["tokens"][1:], lp["token_logprobs"][1:], lp["top_logprobs"][1:]):
+        assert len(top) in (1, 2) and max(top.values()) >= chosen and top[token] == chosen
     # max_tokens=0: the prompt only
     r = requests.post(server.url + "/v1/completions", json={
         "prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 2})
     choice = r.json()["choices"][0]
     assert len(choice["logprobs"]["token_logprobs"]) == len(ids) and choice["finish_reason"] == "length"
-    assert all(len(t) == 2 for t in choice["logprobs"]["top_logprobs"][1:])
+    assert all(len(t) in (2, 3) for t in choice["logprobs"]["top_logprobs"][1:])
     assert choice["text"] == server.state.decode(ids)
 
 
@@ -240,6 +240,57 @@ def test_generated_logprobs(server):
                                      temperature=0, logprobs=True, top_logprobs=2)
     assert len(chat.choices[0].logprobs.content) == 3
     assert all(len(t.top_logprobs) == 2 for t in chat.choices[0].logprobs.content)
+
+
+def test_the_chosen_token_is_among_the_alternatives(server):
+    """OpenAI's legacy layout: up to logprobs + 1 alternatives, the chosen token always among
+    them (lm-eval's greedy check takes the max of them); logprobs=0 gives the chosen one."""
+    for logprobs in (0, 1):
+        r = requests.post(server.url + "/v1/completions", json={
+            "prompt": "Return the number of", "max_tokens": 8, "temperature": 1.5, "seed": 3, "logprobs": logprobs})
+        lp = r.json()["choices"][0]["logprobs"]
+        for token, chosen, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+            assert top[token] == chosen and len(top) <= logprobs + 1
+        if logprobs == 1:   # at temperature 1.5 some token is not the top one
+            assert any(len(top) == 2 for top in lp["top_logprobs"])
+
+
+@pytest.mark.parametrize("echo", [False, True])
+def test_streamed_text_offsets_go_on_as_the_whole_answers_do(server, echo):
+    body = {"prompt": "Return the number of", "max_tokens": 10, "temperature": 0, "logprobs": 1, "echo": echo}
+    whole = requests.post(server.url + "/v1/completions", json=body).json()["choices"][0]["logprobs"]
+    offsets, tokens = [], []
+    with requests.post(server.url + "/v1/completions", json={**body, "stream": True}, stream=True) as r:
+        for line in r.iter_lines():
+            if line.startswith(b"data: {"):
+                lp = json.loads(line[6:])["choices"][0]["logprobs"]
+                if lp:
+                    offsets += lp["text_offset"]
+                    tokens += lp["tokens"]
+    assert tokens == whole["tokens"] and offsets == whole["text_offset"]
+    assert offsets == sorted(offsets) and len(set(offsets)) > 5
+
+
+@pytest.mark.parametrize("route,body,param", [
+    ("/v1/completions", {"prompt": "abc \ud83d"}, "prompt"),
+    ("/v1/completions", {"prompt": ["ok", "abc \ud83d"]}, "prompt.1"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "abc \ud83d"}]}, "messages.0.content"),
+    ("/tokenize", {"prompt": "\udc00"}, "prompt"),
+])
+def test_an_unpaired_surrogate_is_a_400_naming_the_field(server, route, body, param):
+    raw = json.dumps(body).encode()     # ensure_ascii: "\\ud83d", the JSON escape of half a surrogate pair
+    assert b"\\ud" in raw
+    r = requests.post(server.url + route, data=raw, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and "surrogate" in err["message"]
+
+
+def test_a_negative_seed_is_a_seed(server):
+    c = client(server)
+    outs = [c.completions.create(model=MODEL_NAME, prompt="Return the", max_tokens=8, temperature=1.0, seed=-1).choices[0].text
+            for _ in range(2)]
+    assert outs[0] == outs[1]
 
 
 # ---------------------------------------------------------------- tokenizer routes

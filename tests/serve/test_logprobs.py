@@ -63,6 +63,22 @@ def test_completion_and_chat_layouts():
     obj = completion_logprobs(entries, text)
     assert obj == {"tokens": ["ab", "c"], "token_logprobs": [None, -0.3],
                    "top_logprobs": [None, {"c": -0.3, "d": -1.5}], "text_offset": [0, 2]}
-    chat = chat_logprobs(entries[1:], text)
+    chat = chat_logprobs(entries[1:], lambda t: text(t).encode())
     assert chat["content"][0]["token"] == "c" and chat["content"][0]["bytes"] == [99]
     assert [t["token"] for t in chat["content"][0]["top_logprobs"]] == ["c", "d"]
+
+
+def test_the_chosen_token_joins_the_alternatives():
+    """Not among the top k (or k = 0): still there, as OpenAI's legacy layout has it."""
+    text = {1: "a", 2: "b", 3: "c"}.__getitem__
+    obj = completion_logprobs([TokenLogprob(3, -2.0, [(1, -0.1)]), TokenLogprob(2, -0.5, [])], text, text_offset=4)
+    assert obj["top_logprobs"] == [{"a": -0.1, "c": -2.0}, {"b": -0.5}]
+    assert obj["text_offset"] == [4, 5]
+
+
+def test_a_part_of_a_character_keeps_its_bytes_in_chat():
+    raw = {5: b"\xc3", 6: b"\xa9"}.__getitem__
+    chat = chat_logprobs([TokenLogprob(5, -0.1, [(5, -0.1)]), TokenLogprob(6, -0.2)], raw)
+    assert [t["bytes"] for t in chat["content"]] == [[0xC3], [0xA9]]
+    assert bytes(sum((t["bytes"] for t in chat["content"]), [])).decode() == "\u00e9"
+    assert chat["content"][0]["token"] == "\ufffd"

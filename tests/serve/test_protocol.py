@@ -14,7 +14,7 @@ def error_of(model, data) -> APIError:
 
 @pytest.mark.parametrize("field,value", [
     ("temperature", -0.1), ("temperature", 2.5), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2),
-    ("max_tokens", -1), ("logprobs", 21), ("logprobs", -1), ("n", 0), ("n", 129), ("seed", -1),
+    ("max_tokens", -1), ("logprobs", 21), ("logprobs", -1), ("n", 0), ("n", 129), ("seed", -2**63 - 1), ("seed", 2**63),
     ("presence_penalty", 2.5), ("frequency_penalty", -3.0), ("repetition_penalty", 0.0), ("temperature", "0.5"), ("max_tokens", 1.5), ("stream", "yes"),
     ("best_of", 3), ("stop", 5),
 ])
