@@ -95,6 +95,24 @@ class BlockInputs:
     """The inputs of one decoder block for the whole calibration set."""
     hidden: list[torch.Tensor]          # one [batch, T, H] tensor per calibration batch
     kwargs: dict                        # shared keyword args (position embeddings, mask, ...)
+    # where config.layer_types mixes kinds (Qwen2 / Qwen3 with use_sliding_window and
+    # max_window_layers): each kind's attention mask and each layer's kind, since the
+    # model gives a sliding layer another mask than the full one block 0 received
+    masks: dict | None = None
+    layer_types: list | None = None
+
+    def kwargs_for(self, block: nn.Module) -> dict:
+        """The keyword arguments ``block`` gets in the model's own forward."""
+        if not self.masks:
+            return self.kwargs
+        index = next((m.layer_idx for m in block.modules() if isinstance(getattr(m, "layer_idx", None), int)), None)
+        if index is None or index >= len(self.layer_types):
+            raise CalibrationError("calibration: config.layer_types mixes attention kinds, and a decoder block "
+                                   "does not say which layer it is (no layer_idx)")
+        return {**self.kwargs, "attention_mask": self.masks[self.layer_types[index]]}
+
+    def with_hidden(self, hidden: list[torch.Tensor]) -> "BlockInputs":
+        return BlockInputs(hidden, self.kwargs, self.masks, self.layer_types)
 
 
 def block_output(out):
@@ -133,12 +151,34 @@ def capture_first_block_inputs(model: nn.Module, arch: ArchSpec, input_ids: torc
     kwargs_seen.pop("past_key_values", None)
     kwargs_seen.pop("past_key_value", None)
     kwargs_seen["use_cache"] = False
-    return BlockInputs(hidden, kwargs_seen)
+    layer_types = list(getattr(model.config, "layer_types", None) or [])
+    masks = _masks_by_layer_type(model.config, layer_types, hidden[0], kwargs_seen) \
+        if hidden and len(set(layer_types)) > 1 else None
+    return BlockInputs(hidden, kwargs_seen, masks, layer_types if masks else None)
+
+
+def _masks_by_layer_type(config, layer_types: list, hidden: torch.Tensor, kwargs: dict) -> dict:
+    """Each attention kind's mask over one calibration row (it broadcasts over a batch), made
+    as the model's forward makes it; block 0's captured mask is only its own kind's."""
+    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+    makers = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
+    unknown = sorted(set(layer_types) - set(makers))
+    if unknown:
+        raise CalibrationError(f"calibration: config.layer_types names attention kinds {unknown} that compress "
+                               f"does not know (it knows {sorted(makers)})")
+    row = torch.zeros((1,) + tuple(hidden.shape[1:]), dtype=hidden.dtype, device=hidden.device)
+    position_ids = kwargs.get("position_ids")
+    if position_ids is None:
+        position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+    return {kind: makers[kind](config=config, inputs_embeds=row, attention_mask=None, past_key_values=None,
+                               position_ids=position_ids[:1]) for kind in set(layer_types)}
 
 
 def run_block(block: nn.Module, inputs: BlockInputs) -> list[torch.Tensor]:
+    kwargs = inputs.kwargs_for(block)
     with torch.no_grad():
-        return [block_output(block(h, **inputs.kwargs)) for h in inputs.hidden]
+        return [block_output(block(h, **kwargs)) for h in inputs.hidden]
 
 
 def _check_finite(tensors: list[torch.Tensor], where: str) -> None:
@@ -168,4 +208,4 @@ def advance(block: nn.Module, inputs: BlockInputs, index: int, arch: ArchSpec) -
     """The next block's inputs: block ``index`` run on ``inputs``, checked for NaN/Inf."""
     outputs = run_block(block, inputs)
     _check_finite(outputs, f"at the output of block {index} ({arch.block_prefix(index)})")
-    return BlockInputs(outputs, inputs.kwargs)
+    return inputs.with_hidden(outputs)

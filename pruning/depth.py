@@ -42,7 +42,7 @@ class SkippedBlockStreams:
         """Run block ``index`` on every stream that skipped an earlier block, then start
         the stream that skips this one: its input, handed on unchanged."""
         for d, hidden in self.streams.items():
-            self.streams[d] = run_block(block, BlockInputs(hidden, inputs.kwargs))
+            self.streams[d] = run_block(block, inputs.with_hidden(hidden))
         self.streams[index] = list(inputs.hidden)
 
 

@@ -69,6 +69,24 @@ def test_iterate_blocks_matches_full_forward_and_sees_changes(tiny_family_dir):
     torch.testing.assert_close(torch.cat(inputs1.hidden), want[0])
 
 
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_sliding_layers_calibrate_with_their_own_mask(tmp_path, family):
+    """layer_types mixing full and sliding attention (use_sliding_window with
+    max_window_layers): each block runs on the mask the model gives it, so a window shorter
+    than the calibration rows changes nothing against the model's own forward."""
+    from tiny_models import make_tiny_model
+
+    path = make_tiny_model(tmp_path / family, family, num_hidden_layers=3, use_sliding_window=True,
+                           sliding_window=6, max_window_layers=1)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    assert model.config.layer_types == ["full_attention", "sliding_attention", "sliding_attention"]
+    ids = torch.randint(0, model.config.vocab_size, (3, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model.model(ids, output_hidden_states=True).hidden_states
+    for index, _, inputs in iterate_blocks(model, get_arch(family), ids, batch_size=2):
+        torch.testing.assert_close(torch.cat(inputs.hidden), want[index], rtol=1e-5, atol=1e-5)
+
+
 def test_nan_activations_are_reported(tiny_llama_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir).eval()
     arch = get_arch("llama")
