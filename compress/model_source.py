@@ -42,10 +42,29 @@ def stored_dtype(directory: Path, store: TensorStore) -> torch.dtype:
     return store.first_float_dtype() or torch.float32
 
 
+def check_source_quantization(directory: Path) -> None:
+    """A source already quantized must be in a form this package reads back (its own
+    exports: compressed-tensors int4 / int8, bitsandbytes int8, compress); an FP8 or GPTQ
+    checkpoint, say, would otherwise be read as plain floats without its scales."""
+    from compress.io.checkpoint import CheckpointError, _check_quantization_config
+
+    cfile = Path(directory) / "config.json"
+    try:
+        qc = json.loads(cfile.read_text(encoding="utf-8")).get("quantization_config")
+    except (OSError, ValueError):
+        return
+    try:
+        _check_quantization_config(qc, cfile)
+    except CheckpointError as exc:
+        raise SourceError(f"{exc}: quantization_config.quant_method / format name a checkpoint that is already "
+                          "quantized in a form compress cannot read back; start from the float model") from None
+
+
 class ModelSource:
     def __init__(self, directory: str | Path, dtype: torch.dtype | None = None):
         """``dtype``: the working dtype float weights are rounded to (None: as stored)."""
         self.directory = Path(directory)
+        check_source_quantization(self.directory)
         try:
             self.store = TensorStore(self.directory)
         except SafetensorsError as exc:
@@ -98,6 +117,10 @@ class ModelSource:
             except SafetensorsError as exc:
                 raise SourceError(str(exc)) from None
         if t.is_floating_point():
+            if t.element_size() == 1:   # float8: a value without the scale it is stored against
+                raise SourceError(f"{self.directory}: tensor {name!r} is stored as {str(t.dtype).replace('torch.', '')}"
+                                  ", an FP8 checkpoint's weights, which compress does not read; start from the "
+                                  "float model")
             t = t.to(self.dtype)
             if not all_finite(t):
                 raise SourceError(f"{self.directory}: tensor {name!r} has {count_nonfinite(t)} NaN/Inf value(s)")

@@ -85,7 +85,9 @@ def compress_stages(recipe: Recipe, output: Path, progress: bool = True, log=pri
         t0 = time.perf_counter()
         seed_everything(recipe.seed)
         if stage.source == "base":
-            source, stage_skeleton = base, skeleton
+            # a fresh skeleton a stage: a stage that loads a tied lm_head replaces its
+            # Parameter, which would untie it for the next stage (on meta: no memory)
+            source, stage_skeleton = base, skeleton if not results else build_skeleton(config, arch, trust)
         else:   # an earlier stage's export: its own shapes (a pruned stage is smaller than the base)
             source = ModelSource(output / stage.source, working)
             source_config = AutoConfig.from_pretrained(output / stage.source, trust_remote_code=trust)

@@ -52,6 +52,12 @@ def preflight(recipe) -> list[str]:
     check_eval_against_context(recipe.eval, context, where=f"{recipe.path}: eval", resolve=recipe.resolve)
     if config is None:
         return [f"model {recipe.model.path!r} is not a local directory: shapes are checked when it loads"]
+    from compress.model_source import SourceError, check_source_quantization
+
+    try:
+        check_source_quantization(Path(recipe.model_location))
+    except SourceError as exc:
+        raise ConfigError(str(exc), f"{recipe.path}: model.path") from None
     model = meta_model(config)
     for stage in recipe.stages:
         for step in stage.steps:

@@ -274,7 +274,18 @@ def _run_block_steps(stage, steps, skeleton, arch, source, out_dir, calibration,
             if getattr(config, "tie_word_embeddings", False) and name == arch.lm_head:
                 config = _untied(config)          # the head now has its own (quantized) tensors
 
-        # everything else as stored: embedding, final norm, a dense lm_head, extra tensors
+        # everything else as stored: embedding, final norm, a dense lm_head, extra tensors;
+        # not a head equal to the embedding of a tied config (transformers and the runtime
+        # tie it on load: a stored copy would only double the bytes). A tied config's head
+        # stored with other values is kept, and the config says untied (transformers does
+        # not tie two different tensors either).
+        head, embed_name = f"{arch.lm_head}.weight", f"{arch.embed_tokens}.weight"
+        if getattr(config, "tie_word_embeddings", False) and head in source and head not in written \
+                and embed_name in source:
+            if torch.equal(source.weight(head), source.weight(embed_name)):
+                written.add(head)
+            else:
+                config = _untied(config)
         for name in source.names():
             if name in written:
                 continue

@@ -112,3 +112,73 @@ def test_run_on_a_short_context_model_writes_its_report(tmp_path, capfd, monkeyp
     assert "| `int8` |" in out
     noise = [line for line in err.splitlines() if line.strip() and not line.rstrip().endswith("/s]")]
     assert not noise, noise
+
+
+def test_two_stages_from_base_both_quantize_a_tied_head(tmp_path):
+    """A stage that quantizes the lm_head of a tied model must leave the next stage the tied
+    model as it was (Llama-3.2, Qwen2.5, Qwen3 and SmolLM2 tie their embeddings)."""
+    from tiny_models import make_tiny_model
+
+    model_dir = make_tiny_model(tmp_path / "tied", "qwen2", tie_word_embeddings=True)
+    heads = ["re:.*layers\\.\\d+\\..*", "lm_head"]
+    stages = [{"name": "int4-head", "steps": [{"method": "rtn", "bits": 4, "group_size": 32, "targets": heads}]},
+              {"name": "int8-head", "steps": [{"method": "rtn", "bits": 8, "targets": heads}]}]
+    recipe = load_recipe(recipe_file(tmp_path, model_dir, stages))
+    compress_stages(recipe, tmp_path / "out", progress=False, log=lambda *_: None)
+    embed = AutoModelForCausalLM.from_pretrained(model_dir).get_input_embeddings().weight
+    for name, scheme, step in (("int4-head", "w4a16", 16), ("int8-head", "w8a8", 127)):
+        head = load_checkpoint(tmp_path / "out" / name).quantized["lm_head"]
+        assert head.scheme == scheme
+        err = (head.dequantize() - embed).abs().max()
+        assert 0 < err <= embed.abs().max() / step * 1.01   # the embedding, quantized: not a stale copy
+
+
+def test_an_fp8_source_is_refused_before_any_work(tmp_path, tiny_llama_dir):
+    """An FP8 checkpoint's weights are not floats without their scales: the recipe is refused
+    at preflight, naming quantization_config, and a float8 tensor never reads as a weight."""
+    import json
+    import shutil
+
+    from compress.config import ConfigError
+    from compress.model_source import ModelSource, SourceError
+    from compress.preflight import preflight
+
+    src = tmp_path / "fp8"
+    shutil.copytree(tiny_llama_dir, src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    (src / "config.json").write_text(json.dumps(cfg))
+    recipe = load_recipe(recipe_file(tmp_path, src, [{"name": "q", "steps": [{"method": "rtn", "bits": 8}]}]))
+    with pytest.raises(ConfigError, match="quant_method.*fp8|fp8.*quant_method"):
+        preflight(recipe)
+    with pytest.raises(SourceError, match="fp8"):
+        compress_stages(recipe, tmp_path / "out", progress=False, log=lambda *_: None)
+
+    from safetensors.torch import save_file
+    plain = tmp_path / "f8"
+    plain.mkdir()
+    (plain / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "quantization_config"}))
+    save_file({"w.weight": torch.ones(4, 4).to(torch.float8_e4m3fn)}, str(plain / "model.safetensors"))
+    with pytest.raises(SourceError, match="'w.weight'.*float8_e4m3fn"):
+        ModelSource(plain).weight("w.weight")
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0], ids=["equal_head", "other_head"])
+def test_a_tied_source_that_stores_its_head(tmp_path, offset):
+    """A tied source with lm_head.weight stored anyway: an equal head is not exported twice
+    (the loaders tie it); one with other values is kept, and the export's config is untied."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+    from tiny_models import make_tiny_model
+
+    model_dir = make_tiny_model(tmp_path / "tied", "qwen2", tie_word_embeddings=True)
+    weights = load_file(str(model_dir / "model.safetensors"))
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"] + offset
+    save_file(weights, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
+    recipe = load_recipe(recipe_file(tmp_path, model_dir, [{"name": "q", "steps": [{"method": "rtn", "bits": 8}]}]))
+    compress_stages(recipe, tmp_path / "out", progress=False, log=lambda *_: None)
+    out = tmp_path / "out" / "q"
+    ckpt = load_checkpoint(out)
+    assert ("lm_head.weight" in ckpt.dense) == (offset != 0.0)
+    assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] == (offset == 0.0)

@@ -69,3 +69,26 @@ def test_unsupported_rope_type_is_refused(tmp_path, tokenizer):
                          rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0})
     with pytest.raises(UnsupportedRopeError, match="dynamic"):
         LLM(path)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0], ids=["equal_head", "other_head"])
+def test_a_tied_checkpoint_that_stores_its_head(tmp_path, tokenizer, offset):
+    """tie_word_embeddings with lm_head.weight stored anyway (some exporters write both):
+    transformers ties an equal head to the embedding and keeps a head with other values
+    apart; the runtime does the same, on one tensor when tied."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    path, _ = save_model(tmp_path, "qwen2", tokenizer, tie_word_embeddings=True)
+    weights = load_file(str(path / "model.safetensors"))
+    assert "lm_head.weight" not in weights
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"] + offset
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    hf = AutoModelForCausalLM.from_pretrained(path).eval()
+    model = LLM(str(path)).model
+    assert (model.embed.data_ptr() == model.lm_head.weight.data_ptr()) == (offset == 0.0)
+    ids = torch.tensor([[5, 9, 13, 21]])
+    with torch.no_grad():
+        want = hf(ids).logits
+        got = model.logits(model(ids, torch.arange(4).unsqueeze(0)))
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

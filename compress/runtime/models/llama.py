@@ -339,10 +339,18 @@ def build_model(ckpt, dtype: torch.dtype = torch.float32, device="cpu", kernels:
         layers.append(prepared(DecoderLayer(attn, mlp, RMSNorm(tensors.dense(p + arch.attn_norm + ".weight"), eps),
                                             RMSNorm(tensors.dense(p + arch.mlp_norm + ".weight"), eps), window)))
 
-    embed = tensors.dense(arch.embed_tokens + ".weight")
-    if arch.lm_head in ckpt.quantized or arch.lm_head + ".weight" in ckpt.dense:
+    tied = getattr(config, "tie_word_embeddings", False)
+    head_name, embed_name = arch.lm_head + ".weight", arch.embed_tokens + ".weight"
+    # a tied checkpoint that stores only the head: that is the embedding
+    embed = tensors.dense(head_name if tied and embed_name not in ckpt.dense and head_name in ckpt.dense
+                          else embed_name)
+    if tied and head_name in ckpt.dense and not torch.equal(ckpt.dense[head_name], ckpt.dense[embed_name]
+                                                               if embed_name in ckpt.dense else ckpt.dense[head_name]):
+        tied = False    # stored apart with other values: transformers does not tie them either
+    # a tied checkpoint that stores an equal head anyway: one copy, as transformers ties it
+    if arch.lm_head in ckpt.quantized or (head_name in ckpt.dense and not tied):
         lm_head = prepared(tensors.linear(arch.lm_head))
-    elif getattr(config, "tie_word_embeddings", False):
+    elif tied:
         # the embedding is the head's weight: where the head moves, the embedding follows
         # (one copy, not the checkpoint's and the moved one)
         lm_head = prepared(LAYER_CLASSES["dense"](embed))
