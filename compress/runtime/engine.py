@@ -135,6 +135,7 @@ class LLM:
         self.w4_activations = w4_activations if has_int4 else None
         self.tokenizer = tokenizer
         self.eos_token_ids = _eos_ids(self.config, generation_config, tokenizer)
+        self.generation_config = dict(generation_config or {})
         self.bos_token_id = (getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None)
         if self.bos_token_id is None:
             self.bos_token_id = getattr(self.config, "bos_token_id", None)
@@ -188,6 +189,12 @@ class LLM:
             raise ValueError("this checkpoint has no tokenizer; cannot decode")
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
+    def default_sampling_fields(self) -> dict:
+        """What ``generate`` / ``stream`` use when given no SamplingParams, over the
+        SamplingParams defaults: the checkpoint's generation_config.json sampling fields
+        (:func:`sampling_defaults`)."""
+        return sampling_defaults(self.generation_config)
+
     # ------------------------------------------------------------------ generation
     def _add(self, prompts, params) -> list[str]:
         """Queues every prompt (text, token ids, or a list of them); the request ids."""
@@ -196,7 +203,7 @@ class LLM:
             prompts = [prompts]
         prompts = list(prompts)
         if params is None:
-            params = SamplingParams()
+            params = SamplingParams(**self.default_sampling_fields())
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ValueError(f"{len(plist)} SamplingParams for {len(prompts)} prompts")
@@ -312,6 +319,24 @@ class LLM:
 ENGINE_ARGS = {"block_size", "kv_cache_tokens", "max_num_batched_tokens", "enable_chunked_prefill",
                "enable_prefix_caching", "native_decode",
                "max_prefill_tokens_with_decodes", "cuda_graphs", "max_itl_ratio"}   # and speculative (taken apart before the engine)
+
+
+# generation_config.json fields that become sampling defaults (vLLM's choice), with the
+# values each accepts
+GENERATION_DEFAULTS = {"temperature": lambda v: v >= 0, "top_p": lambda v: 0 < v <= 1,
+                       "top_k": lambda v: v >= -1 and float(v).is_integer(), "repetition_penalty": lambda v: v > 0}
+
+
+def sampling_defaults(generation_config: dict) -> dict:
+    """The sampling fields a checkpoint's generation_config.json sets (``temperature``,
+    ``top_p``, ``top_k``, ``repetition_penalty``): what a request or ``generate`` call that
+    does not name them gets, as vLLM does. A value of the wrong type or out of range is left out."""
+    out = {}
+    for name, ok in GENERATION_DEFAULTS.items():
+        v = generation_config.get(name)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and ok(v):
+            out[name] = max(0, int(v)) if name == "top_k" else float(v)
+    return out
 
 
 def _read_json(path: Path) -> dict:

@@ -59,7 +59,7 @@ async def create_chat_completion(state, body: ChatCompletionRequest, request):
     gen = Generation(state, rid, n, request)
     try:
         for j in range(n):   # n samples of one conversation, n sequences
-            gen.start(j, ids, sampling_params(body, max_tokens, stops, top, j), top)
+            gen.start(j, ids, sampling_params(body, max_tokens, stops, top, j, state.config.sampling_defaults), top)
     except BaseException:
         gen.close()
         state.release(n)

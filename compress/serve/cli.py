@@ -44,6 +44,9 @@ def add_serve_parser(sub) -> None:
                    help="seconds a request may take before it is aborted (504); 0: no limit")
     s.add_argument("--shutdown-grace", type=float, default=30.0,
                    help="on SIGTERM, seconds to let requests in flight finish before they are aborted")
+    s.add_argument("--generation-config", choices=["auto", "none"], default="auto",
+                   help="auto: temperature / top_p / top_k / repetition_penalty that a request leaves out come from "
+                        "the model's generation_config.json where it sets them (as vLLM's); none: OpenAI's defaults")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.add_argument("--step-log", metavar="FILE",
                    help="record every engine step (end time, forward seconds, decode rows, prompt tokens) and write "
@@ -169,9 +172,13 @@ def _cmd_serve(args) -> int:
     config = ServeConfig(model_name=args.served_model_name or default_model_name(args.path),
                          api_key=args.api_key or None, max_queue=args.max_queue,
                          max_num_seqs=args.max_num_seqs,
-                         request_timeout=args.request_timeout or None)
+                         request_timeout=args.request_timeout or None,
+                         sampling_defaults=llm.default_sampling_fields() if args.generation_config == "auto" else {})
     spec = getattr(llm, "speculative", None)
     spec_note = "" if spec is None else f" (speculative: {args.draft}, k={spec.num_speculative_tokens})"
+    if config.sampling_defaults:
+        print("sampling defaults from the model's generation_config.json (a request's own values win; "
+              f"--generation-config none: OpenAI's): {config.sampling_defaults}", flush=True)
     print(listening_line(config.model_name, args.path, socket_url(sock),
                          f"{' (API key required)' if config.api_key else ''}{spec_note}"), flush=True)
     if args.step_log:

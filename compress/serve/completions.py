@@ -93,7 +93,8 @@ async def create_completion(state, body: CompletionRequest, request):
         stops = body.stop_list()
         for i, c in enumerate(choices):
             if c.max_tokens > 0:
-                gen.start(i, c.prompt_ids, sampling_params(body, c.max_tokens, stops, body.logprobs, c.sample_index),
+                gen.start(i, c.prompt_ids, sampling_params(body, c.max_tokens, stops, body.logprobs, c.sample_index,
+                                          state.config.sampling_defaults),
                           body.logprobs)
             else:
                 c.finish_reason = "length"

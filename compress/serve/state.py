@@ -31,6 +31,7 @@ class ServeConfig:
     request_timeout: float | None = 600.0   # seconds from arrival to the last token
     retry_after_s: int = 1              # the Retry-After header of a 503
     disconnect_poll_s: float = 0.25     # how often a waiting non-streaming request checks its client
+    sampling_defaults: dict = field(default_factory=dict)   # the model's generation_config sampling fields
 
 
 @dataclass

@@ -198,3 +198,26 @@ def test_token_ids_without_tokenizer(llm):
     assert out.text == "" and out.token_ids == llm.generate([ids], GREEDY)[0].token_ids
     with pytest.raises(ValueError, match="no tokenizer"):
         bare.generate(PROMPTS[0], GREEDY)
+
+
+def test_generation_config_sampling_fields_are_the_defaults(tmp_path, llama_dir, llm):
+    """A checkpoint whose generation_config.json sets temperature 0 generates greedily when
+    no SamplingParams are given (as vLLM's LLM does); explicit params still win."""
+    import shutil
+
+    from compress.runtime.engine import sampling_defaults
+
+    assert sampling_defaults({"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05,
+                              "do_sample": True}) == {"temperature": 0.7, "top_p": 0.8, "top_k": 20,
+                                                      "repetition_penalty": 1.05}
+    assert sampling_defaults({"temperature": -1, "top_p": 0, "top_k": 2.5, "repetition_penalty": "x"}) == {}
+    path = tmp_path / "m"
+    shutil.copytree(llama_dir, path)
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": 1, "temperature": 0.0}))
+    greedy_default = LLM(path)
+    assert greedy_default.default_sampling_fields() == {"temperature": 0.0}
+    prompts = [[5, 9, 13], [7, 2, 30, 31]]
+    want = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))]
+    got = [o.token_ids[:6] for o in greedy_default.generate(prompts)]
+    assert got == [w[:len(g)] for w, g in zip(want, got)] and all(got)
+    assert llm.default_sampling_fields() == {}

@@ -286,6 +286,18 @@ def test_an_unpaired_surrogate_is_a_400_naming_the_field(server, route, body, pa
     assert err["param"] == param and "surrogate" in err["message"]
 
 
+def test_generation_config_defaults_fill_what_a_request_leaves_out(server, references):
+    """--generation-config auto: the model's sampling fields for those a request does not
+    name (here temperature 0: greedy); a request's own temperature wins."""
+    server.state.config.sampling_defaults = {"temperature": 0.0}
+    body = {"prompt": references["prompts"][0], "max_tokens": 12}
+    got = requests.post(server.url + "/v1/completions", json=body).json()["choices"][0]["text"]
+    assert got == references["texts"][0]
+    sampled = {requests.post(server.url + "/v1/completions", json={**body, "temperature": 1.5, "seed": s}).json()
+               ["choices"][0]["text"] for s in range(3)}
+    assert sampled != {references["texts"][0]}
+
+
 def test_a_negative_seed_is_a_seed(server):
     c = client(server)
     outs = [c.completions.create(model=MODEL_NAME, prompt="Return the", max_tokens=8, temperature=1.0, seed=-1).choices[0].text
