@@ -52,7 +52,7 @@ def plan_channel_cut(arch: ArchSpec, config, group: str, kept) -> ChannelCut:
     takes one row (``[k]``), the residual stream being one. A ValueError names what is wrong.
     """
     spec = arch.channel_group(group)
-    _refuse_unlisted_biases(arch, config)
+    _refuse_unlisted_biases(arch, config, spec.kind)
     heads, kv_heads, head_dim = attention_shape(config)
     layers = config.num_hidden_layers
     if spec.kind == "mlp_channel":
@@ -152,8 +152,15 @@ def _expand_heads(rows: torch.Tensor, head_dim: int) -> torch.Tensor:
     return (rows.unsqueeze(-1) * head_dim + offsets).flatten(1)
 
 
-def _refuse_unlisted_biases(arch: ArchSpec, config) -> None:
-    flags = [k for k in ("attention_bias", "mlp_bias") if getattr(config, k, False)]
+# which bias flags a cut of each kind reaches: attention_bias puts biases on q / k / v
+# (query and kv head rows) and o_proj (hidden rows); mlp_bias on gate / up (MLP channel
+# rows) and down_proj (hidden rows)
+_BIASES_REACHED = {"mlp_channel": ("mlp_bias",), "query_head": ("attention_bias",),
+                   "hidden_channel": ("attention_bias", "mlp_bias")}
+
+
+def _refuse_unlisted_biases(arch: ArchSpec, config, kind: str) -> None:
+    flags = [k for k in _BIASES_REACHED.get(kind, ("attention_bias", "mlp_bias")) if getattr(config, k, False)]
     if flags:
         raise ValueError(f"{arch.model_type}: config sets {', '.join(flags)}; the channel table "
                          f"(compress/architectures.py) does not list those biases, so cutting would miss them")
@@ -175,5 +182,11 @@ def apply_slices(tensors: Mapping[str, torch.Tensor], slices) -> dict[str, torch
 
 
 def smaller_config(config, changes: Mapping[str, int]):
-    """A new config of the same class with ``changes`` applied (validated by its class)."""
-    return type(config).from_dict({**config.to_dict(), **changes})
+    """A new config of the same class with ``changes`` applied (validated by its class); a
+    ValueError carrying the class's reason when it refuses them (transformers 5's config
+    validators raise their own exception types)."""
+    try:
+        return type(config).from_dict({**config.to_dict(), **changes})
+    except Exception as exc:  # noqa: BLE001 - whatever the class's validator raises
+        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{type(config).__name__} refuses {dict(changes)}: {reason}") from None

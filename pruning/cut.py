@@ -41,7 +41,13 @@ def depth_config(config, blocks: torch.Tensor):
     changes: dict = {"num_hidden_layers": int(blocks.numel())}
     layer_types = getattr(config, "layer_types", None)
     if isinstance(layer_types, (list, tuple)) and len(layer_types) == config.num_hidden_layers:
-        changes["layer_types"] = [layer_types[i] for i in blocks.tolist()]
+        kept = [layer_types[i] for i in blocks.tolist()]
+        changes["layer_types"] = kept
+        if getattr(config, "use_sliding_window", False) and isinstance(getattr(config, "max_window_layers", None), int):
+            # Qwen2 / Qwen3's older field: layers from max_window_layers on slide. Kept true
+            # for readers that know only it (the kept types' leading full layers; exact when
+            # the kept types are full ones then sliding ones, as a source made by it is)
+            changes["max_window_layers"] = next((i for i, t in enumerate(kept) if t != "full_attention"), len(kept))
     return smaller_config(config, changes), changes
 
 

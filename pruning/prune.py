@@ -100,6 +100,9 @@ def target_shape(model_config, targets: PruneTargets, where: str) -> TargetShape
     heads = targets.num_attention_heads or kv * per_kv
     key = f"{where}.targets.num_attention_heads"
     if heads % kv:
+        if per_kv == 1 and targets.num_key_value_heads is None:
+            raise ConfigError(f"{heads} query heads: every kv head here serves one query head (no GQA), so the kv "
+                              f"heads go with them: set num_key_value_heads: {heads} too", key)
         raise ConfigError(f"{heads} query heads cannot be shared evenly by the {kv} key/value heads kept "
                           f"(GQA: every kv head serves the same number of query heads); give a multiple of {kv}",
                           key)
@@ -108,18 +111,23 @@ def target_shape(model_config, targets: PruneTargets, where: str) -> TargetShape
                           f"has {per_kv} per kv head ({now.num_attention_heads} over {now.num_key_value_heads}), "
                           f"and pruning cannot add any: at most {kv * per_kv}", key)
     if targets.hidden_size is not None and targets.hidden_size != now.hidden_size:
-        _check_head_layout(model_config, targets.hidden_size, f"{where}.targets.hidden_size")
+        _check_head_layout(model_config, targets.hidden_size, heads, kv, f"{where}.targets.hidden_size")
     return TargetShape(targets.hidden_size or now.hidden_size,
                        targets.intermediate_size or now.intermediate_size, heads, kv,
                        targets.num_hidden_layers or now.num_hidden_layers)
 
 
-def _check_head_layout(model_config, hidden: int, where: str) -> None:
+def _check_head_layout(model_config, hidden: int, heads: int, kv: int, where: str) -> None:
     """The attention keeps ``head_dim`` (RoPE, the heads' weights) whatever the hidden size:
     the config class must carry an explicit ``head_dim`` rather than derive it as
-    ``hidden_size // num_attention_heads``."""
-    heads, _, head_dim = attention_shape(model_config)
-    probe = smaller_config(model_config, {"hidden_size": hidden, "head_dim": head_dim})
+    ``hidden_size // num_attention_heads``. Probed with the step's target head counts, as
+    the pruned config will have them (a class may demand hidden_size % heads == 0)."""
+    head_dim = attention_shape(model_config)[2]
+    try:
+        probe = smaller_config(model_config, {"hidden_size": hidden, "num_attention_heads": heads,
+                                              "num_key_value_heads": kv, "head_dim": head_dim})
+    except ValueError as exc:
+        raise ConfigError(f"{hidden} with {heads} query heads: {exc}", where) from None
     got = attention_shape(probe)[2]
     if got != head_dim:
         raise ConfigError(f"{hidden} does not fit the head layout: {type(model_config).__name__} makes head_dim "

@@ -175,10 +175,21 @@ def test_bad_kept_indices_are_named(group, kept, message):
         plan_channel_cut(get_arch("llama"), model.config, group, kept)
 
 
-def test_biases_the_table_does_not_list_are_refused():
-    config = tiny_config("llama", **SHAPE, attention_bias=True)
-    with pytest.raises(ValueError, match="attention_bias"):
-        plan_channel_cut(get_arch("llama"), config, "mlp", [0, 1])
+@pytest.mark.parametrize("flag, group, refused", [
+    ("attention_bias", "mlp", False), ("mlp_bias", "mlp", True),
+    ("attention_bias", "hidden", True), ("mlp_bias", "hidden", True),
+])
+def test_biases_the_table_does_not_list_are_refused_where_the_cut_reaches_them(flag, group, refused):
+    """llama's attention_bias / mlp_bias tensors are not in the channel table: a cut that
+    would slice them is refused; one that does not reach them (an MLP cut beside attention
+    biases) goes on."""
+    config = tiny_config("llama", **SHAPE, **{flag: True})
+    if refused:
+        with pytest.raises(ValueError, match=flag):
+            plan_channel_cut(get_arch("llama"), config, group, [0, 1])
+    else:
+        cut = plan_channel_cut(get_arch("llama"), config, group, [[0, 1]] * config.num_hidden_layers)
+        assert cut.config == {"intermediate_size": 2}
 
 
 def test_apply_slices_names_the_tensor():

@@ -34,6 +34,9 @@ def test_layer_types_follow_the_kept_blocks():
     smaller, changes = depth_config(config, torch.tensor([1, 3]))
     assert smaller.num_hidden_layers == 2 and smaller.layer_types == ["full_attention", "sliding_attention"]
     assert changes["num_hidden_layers"] == 2
+    # max_window_layers (Qwen2's older field) says the same for readers that know only it
+    assert smaller.max_window_layers == 1
+    assert depth_config(config, torch.tensor([2, 3]))[0].max_window_layers == 0
 
 
 @pytest.mark.parametrize("tied", [False, True])

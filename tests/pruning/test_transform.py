@@ -241,6 +241,29 @@ def test_a_hidden_size_the_head_layout_cannot_take(tmp_path, monkeypatch):
     assert err.value.where.endswith("(prune).targets.hidden_size")
 
 
+def test_hidden_size_is_checked_against_the_pruned_head_count(tmp_path):
+    """LlamaConfig (transformers 5) wants hidden_size % num_attention_heads == 0: of the
+    pruned config's heads, not the source's. 126 with 2 heads is a shape it builds (126 %
+    4 heads is not 0: once wrongly refused); 125 with 2 is a ConfigError naming the key."""
+    model_dir = make_tiny_model(tmp_path / "m", "llama")
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "bad").mkdir()
+    done = run(tmp_path / "ok", model_dir, [prune("p", {"hidden_size": 126, "num_attention_heads": 2})])
+    cfg = load(done["p"].path).config
+    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim) == (126, 2, 32)
+    with pytest.raises(ConfigError, match="125 with 2 query heads: LlamaConfig refuses") as err:
+        run(tmp_path / "bad", model_dir, [prune("p", {"hidden_size": 125, "num_attention_heads": 2})])
+    assert err.value.where.endswith("(prune).targets.hidden_size")
+
+
+def test_heads_of_a_model_without_gqa_name_the_kv_heads(tmp_path):
+    """One kv head per query head (Llama-2, no GQA): fewer query heads need as many fewer
+    kv heads, and the error says so rather than asking for a multiple of the kv heads."""
+    model_dir = make_tiny_model(tmp_path / "m", "llama", num_key_value_heads=4)
+    with pytest.raises(ConfigError, match="set num_key_value_heads: 2 too"):
+        run(tmp_path, model_dir, [prune("p", {"num_attention_heads": 2})])
+
+
 @pytest.mark.parametrize("step, key, message", [
     ({"targets": {"num_hidden_layers": 0}}, "targets.num_hidden_layers", "must be at least 1, got 0"),
     ({"targets": {"num_attention_heads": 3, "num_key_value_heads": 2}}, "targets.num_attention_heads",
