@@ -155,7 +155,9 @@ class LLM:
         target (same dtype, kernels, device) with its own paged cache of the same size."""
         if spec.method == "ngram":
             return NgramDrafter(spec.prompt_lookup_max, spec.prompt_lookup_min)
-        model = build_model(open_checkpoint(spec.model), self.dtype, self.device, self.kernels, self.model.max_seq_len,
+        draft_ckpt = open_checkpoint(spec.model)
+        _check_draft_tokenizer(self.tokenizer, getattr(draft_ckpt, "tokenizer_path", None), spec.model)
+        model = build_model(draft_ckpt, self.dtype, self.device, self.kernels, self.model.max_seq_len,
                             w4_activations=w4_activations)
         return ModelDrafter.for_target(model, self.engine, engine_args.get("native_decode", True), spec.model)
 
@@ -310,6 +312,12 @@ class LLM:
             cont_ids = self.encode(cont, add_special_tokens=False) if isinstance(cont, str) else [int(t) for t in cont]
             if not ctx_ids and self.bos_token_id is not None:
                 ctx_ids = [self.bos_token_id]
+            vocab = self.model.vocab_size
+            for what, ids in (("context", ctx_ids), ("continuation", cont_ids)):
+                bad = next((t for t in ids if not 0 <= t < vocab), None)
+                if bad is not None:
+                    raise ValueError(f"loglikelihood request {len(pairs)}: {what} token id {bad} is outside the "
+                                     f"vocabulary (0..{vocab - 1})")
             pairs.append((ctx_ids, cont_ids))
         return scoring.loglikelihood(self.runner, pairs, batch_size)
 
@@ -337,6 +345,23 @@ def sampling_defaults(generation_config: dict) -> dict:
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and ok(v):
             out[name] = max(0, int(v)) if name == "top_k" else float(v)
     return out
+
+
+def _check_draft_tokenizer(target_tokenizer, draft_tokenizer_path, name) -> None:
+    """A draft whose tokenizer maps tokens to other ids than the target's is refused: its
+    tokens would still be verified (the output stays the target's), but almost none
+    accepted. Where either side has no tokenizer, the vocabulary sizes are what is checked."""
+    if target_tokenizer is None or not draft_tokenizer_path:
+        return
+    draft_tokenizer = _load_tokenizer(draft_tokenizer_path)
+    if draft_tokenizer is None:
+        return
+    theirs, ours = draft_tokenizer.get_vocab(), target_tokenizer.get_vocab()
+    if theirs != ours:
+        differ = sorted(t for t in set(theirs) | set(ours) if theirs.get(t) != ours.get(t))
+        raise ValueError(f"speculative: the draft {name}'s tokenizer is not the target's ({len(differ)} tokens differ, "
+                         f"e.g. {differ[0]!r}: {theirs.get(differ[0])} against {ours.get(differ[0])}); a draft must "
+                         "share the target's tokenizer")
 
 
 def _read_json(path: Path) -> dict:

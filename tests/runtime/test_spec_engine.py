@@ -297,3 +297,38 @@ def test_a_bfloat16_target_with_an_int4_draft_keeps_its_greedy_output(llama_dir,
     llm = LLM(llama_dir, dtype="bfloat16", speculative={"model": str(pipeline_draft), "num_speculative_tokens": 3})
     assert [o.token_ids for o in llm.generate(PROMPTS, greedy())] == want
     assert llm.engine.stats()["spec_draft_tokens"] > 0
+
+
+def test_rows_share_the_free_blocks_when_sized_for_their_drafts(llama_dir, random_draft):
+    """Several decode rows under a small pool with a model draft (it always proposes its k):
+    each row's room is taken from the pool before the next row's is sized, so the rows
+    never claim more blocks than are free together (the step had raised "no free KV block");
+    the tokens are still plain decoding's."""
+    prompts, params = PROMPTS[:3], [greedy(30)] * 3
+    want = [o.token_ids for o in LLM(llama_dir).generate(prompts, params)]
+    llm = LLM(llama_dir, speculative={"model": str(random_draft), "num_speculative_tokens": 3}, kv_cache_tokens=64,
+              block_size=4, enable_prefix_caching=False)
+    assert [o.token_ids for o in llm.generate(prompts, params)] == want
+    assert llm.engine.block_manager.num_used_blocks == 0
+
+
+def test_a_draft_with_another_tokenizer_is_refused(llama_dir, random_draft, tmp_path):
+    """The same vocabulary size but other ids for its tokens: refused by name (its drafts
+    would be verified, and nearly all rejected)."""
+    import json
+    import shutil
+
+    other = tmp_path / "other-tokenizer-draft"
+    shutil.copytree(random_draft, other)
+    spec = json.loads((other / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[-2:]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (other / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(ValueError, match="tokenizer is not the target's .*2 tokens differ"):
+        LLM(llama_dir, speculative={"model": str(other), "num_speculative_tokens": 2})
+
+
+def test_loglikelihood_names_a_token_outside_the_vocabulary(target):
+    with pytest.raises(ValueError, match="request 1: continuation token id 1000000 is outside the vocabulary"):
+        target.loglikelihood([([5], [6]), ([5], [10**6])])

@@ -87,12 +87,14 @@ class SpeculativeDecoder:
         if not decode or any(s.params.modifies_logits for s in seqs):  # penalties, bias: the plain step samples
             return None
         bm = engine.block_manager
-        ks = [self._room(engine, seqs[r]) for r in decode]
+        ks = []
+        for r in decode:   # each row's room taken before the next row's is sized: one pool for all
+            ks.append(self._room(engine, seqs[r]))
+            bm.append_slots(seqs[r], 1 + ks[-1])   # a shorter proposal's spare blocks go back in _accept
         proposal = self.drafter.propose([seqs[r] for r in decode], ks)
         drafts: dict[int, tuple[list[int], torch.Tensor | None]] = {}   # row -> (tokens, their q or None)
         for j, r in enumerate(decode):
             drafts[r] = (proposal.tokens[j][:ks[j]], proposal.probs_of(j))
-            bm.append_slots(seqs[r], 1 + len(drafts[r][0]))
         rows, wanted = [], []
         for r, (seq, n) in enumerate(zip(seqs, num_new_tokens)):
             if r in drafts:
