@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip
 # so nothing can pull a different (CUDA, several GB) torch.
 TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed
-BUILD_INPUTS := pyproject.toml setup.py $(wildcard csrc/cpu/*.cpp csrc/cpu/*.h csrc/cpu/*.inc csrc/cuda/*.cu csrc/cuda/*.cuh csrc/cuda/bindings/*.cpp csrc/cpu/cxx_runtime.py csrc/cuda/arch_list.py)
+BUILD_INPUTS := pyproject.toml setup.py $(wildcard csrc/cpu/*.cpp csrc/cpu/*.h csrc/cpu/*.inc csrc/cuda/*.cu csrc/cuda/*.cuh csrc/cuda/*.h csrc/cuda/bindings/*.cpp csrc/cuda/bindings/*.h csrc/cpu/cxx_runtime.py csrc/cuda/arch_list.py)
 
 .PHONY: install quickstart test test-fast clean
 

@@ -30,9 +30,13 @@ class CalibrationError(UserError):
 def _read_texts(path: Path, field: str) -> list[str]:
     if not path.is_file():
         raise CalibrationError(f"calibration file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise CalibrationError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     if path.suffix == ".jsonl":
         texts = []
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -43,7 +47,7 @@ def _read_texts(path: Path, field: str) -> list[str]:
                 raise CalibrationError(f"{path}:{lineno}: record has no field {field!r}")
             texts.append(str(record[field]))
         return texts
-    return [path.read_text(encoding="utf-8")]
+    return [text]
 
 
 def _dataset_texts(spec: str, field: str) -> list[str]:

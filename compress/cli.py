@@ -8,14 +8,23 @@ import sys
 from pathlib import Path
 
 from compress.w4_activations import DEFAULT_W4_ACTIVATIONS, W4_ACTIVATIONS
+from compress.cli_args import positive_int
 
 
 def _cmd_run(args) -> int:
     from compress.preflight import preflight
     from compress.recipe import load_recipe
 
+    if args.ignore_memory_check:
+        import os
+
+        from compress.memory_estimate import IGNORE_ENV
+
+        os.environ[IGNORE_ENV] = "1"
     recipe = load_recipe(args.recipe)
     notes = preflight(recipe)
+    check_output_dir(Path(args.output) if args.output else Path(recipe.resolve(recipe.export.output)),
+                     "--output" if args.output else f"{args.recipe}: export.output")
     if args.dry_run:
         for note in notes:
             print(f"{args.recipe}: {note}")
@@ -33,6 +42,23 @@ def _cmd_run(args) -> int:
     return 1 if result.get("failed_cells") else 0
 
 
+def check_output_dir(path: Path, where: str) -> None:
+    """The output directory can be made and written: a ConfigError naming ``where`` when
+    it, or a parent, is a file, or the nearest existing parent is not writable (before
+    any stage runs, not after the first one)."""
+    import os
+
+    from compress.config import ConfigError
+
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise ConfigError(f"{p} is a file, not a directory", where)
+            if not os.access(p, os.W_OK | os.X_OK):
+                raise ConfigError(f"{p} is not writable", where)
+            return
+
+
 def _cmd_eval(args) -> int:
     if args.bootstrap:
         from evals.bootstrap import bootstrap_command
@@ -45,6 +71,23 @@ def _cmd_eval(args) -> int:
     from compress.io.files import atomic_write_text
     from evals.report import render_markdown
 
+    from compress.errors import UserError
+
+    # inputs checked before any evaluation runs (each would otherwise fail its cells late)
+    for what, path in (("PATH", args.path), ("--base", args.base)):
+        if path is not None and not Path(path, "config.json").is_file():
+            raise UserError(f"{what} {path}: " + ("no config.json: not a checkpoint directory" if Path(path).is_dir()
+                                                  else "no such checkpoint directory"))
+    if args.text and not Path(args.text).is_file():
+        raise UserError(f"--text {args.text}: no such file")
+    if args.limit is not None and args.limit < 1:
+        raise UserError(f"--limit must be at least 1, got {args.limit}")
+    if args.tasks:
+        from evals.tasks import unknown_tasks
+
+        unknown = unknown_tasks(list(args.tasks))
+        if unknown:
+            raise UserError(f"--tasks: lm-eval knows no task, group or tag {unknown}")
     ppl = PerplexityConfig(seq_len=args.seq_len)   # None: sized to the model's context
     if args.text:
         ppl.file = args.text
@@ -143,16 +186,21 @@ def _cmd_generate(args) -> int:
     llm = load_llm(LLM, args.path, speculative, dtype=args.dtype, kernels=args.kernels, threads=args.threads,
                    device=args.device,
                    kv_cache_dtype=args.kv_cache_dtype, w4_activations=args.w4_activations)
-    if args.stream:
-        for prompt in args.prompt:
-            print(prompt, end="", flush=True)
-            for delta in llm.stream(prompt, params):
-                print(delta, end="", flush=True)
-            print()
-    else:
-        for out in llm.generate(args.prompt, params):
-            print(out.prompt + out.text)
-            print(f"--- {len(out.token_ids)} tokens, finish: {out.finish_reason}", file=sys.stderr)
+    try:
+        if args.stream:
+            for prompt in args.prompt:
+                print(prompt, end="", flush=True)
+                for delta in llm.stream(prompt, params):
+                    print(delta, end="", flush=True)
+                print()
+        else:
+            for out in llm.generate(args.prompt, params):
+                print(out.prompt + out.text)
+                print(f"--- {len(out.token_ids)} tokens, finish: {out.finish_reason}", file=sys.stderr)
+    except ValueError as exc:   # a prompt the model cannot take (longer than its context, ...)
+        if isinstance(exc, UserError):
+            raise
+        raise UserError(f"--prompt: {exc}") from None
     if speculative is not None:
         print(speculative_summary(llm.engine.stats()), file=sys.stderr)
     return 0
@@ -163,6 +211,9 @@ def _cmd_inspect(args) -> int:
 
     info = inspect_checkpoint(args.path)
     print(json.dumps(info, indent=2, default=str) if args.json else format_inspect(info))
+    if info.get("verified") is False:   # a file's checksum differs from the manifest's: a script must see it
+        print(f"compress inspect: {args.path}: checksums do not match the manifest", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -184,8 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("recipe")
     r.add_argument("--output", "-o", help="output directory (default: the recipe's export.output)")
     r.add_argument("--dry-run", action="store_true", help="only validate the recipe")
+    r.add_argument("--ignore-memory-check", action="store_true",
+                   help="run even where the memory estimate (an upper bound) passes the memory available")
     r.add_argument("--no-eval", action="store_true", help="compress and export only")
-    r.add_argument("--threads", type=int, default=None)
+    r.add_argument("--threads", type=positive_int, default=None)
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.set_defaults(func=_cmd_run)
 
@@ -199,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--limit", type=int, default=None, help="examples per task")
     e.add_argument("--base", help="a base checkpoint to compute KL divergence against")
     e.add_argument("--no-speed", action="store_true")
-    e.add_argument("--threads", type=int, default=None)
+    e.add_argument("--threads", type=positive_int, default=None)
     e.add_argument("--kernels", choices=["native", "reference"], default="native")
     e.add_argument("--w4-activations", choices=W4_ACTIVATIONS, default=DEFAULT_W4_ACTIVATIONS,
                    help="activations of int4 (w4a16) layers: float, the scheme's numbers (default), or int8 per block "
@@ -237,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--w4-activations", choices=W4_ACTIVATIONS, default=DEFAULT_W4_ACTIVATIONS,
                    help="activations of int4 (w4a16) layers: float, the scheme's numbers (default), or int8 per block "
                         "of 32, the CPU fast path (as llama.cpp; ~0.4%% off the logits)")
-    g.add_argument("--threads", type=int, default=None)
+    g.add_argument("--threads", type=positive_int, default=None)
     add_speculative_arguments(g)
     g.set_defaults(func=_cmd_generate)
 
@@ -261,20 +314,47 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["lm-eval"]:
-        from evals.lm_eval_cli import main as lm_eval_main
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is so that every ``with`` block on the way
+    out (an export's temporary directory, a report's temporary file) cleans up."""
 
-        return lm_eval_main(argv[1:]) or 0
-    args = build_parser().parse_args(argv)
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import signal
+
+    argv = sys.argv[1:] if argv is None else argv
+    command = argv[0] if argv else ""
     from compress.errors import UserError
 
+    # (compress serve puts its own SIGTERM handling in place while it serves: a drain)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) \
+        if threading_is_main() else None
     try:
+        if command == "lm-eval":
+            from evals.lm_eval_cli import main as lm_eval_main
+
+            return lm_eval_main(argv[1:]) or 0
+        args = build_parser().parse_args(argv)
         return args.func(args) or 0
-    except (UserError, FileNotFoundError) as exc:
-        print(f"compress {args.command}: error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt as exc:   # Ctrl-C or SIGTERM: what was being written is gone, the rest intact
+        print(f"compress {command}: interrupted", file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
+    except (UserError, OSError) as exc:   # OSError: a path that is a file, not writable, not there
+        print(f"compress {command}: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def threading_is_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 if __name__ == "__main__":

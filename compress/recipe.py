@@ -319,7 +319,7 @@ def parse_recipe(data: Any, path: Path) -> Recipe:
 def load_recipe(path: str | Path) -> Recipe:
     path = Path(path)
     if not path.is_file():
-        raise ConfigError("recipe file not found", str(path))
+        raise ConfigError("a directory, not a recipe file" if path.is_dir() else "recipe file not found", str(path))
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:

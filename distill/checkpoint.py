@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from compress.errors import StepError
@@ -107,7 +108,15 @@ class CheckpointDir:
         steps = self.steps()
         if not steps:
             return None
-        return json.loads((self.path(steps[-1]) / "state.json").read_text())
+        state_file = self.path(steps[-1]) / "state.json"
+        try:
+            return json.loads(state_file.read_text())
+        except (OSError, ValueError) as exc:
+            raise self._corrupt(state_file, exc) from None
+
+    def _corrupt(self, path: Path, exc: Exception) -> "CheckpointMismatch":
+        return CheckpointMismatch(f"{self.where}: {path}: a corrupt checkpoint ({exc}); delete {self.directory} "
+                                  "to start over")
 
     def check_fingerprint(self) -> None:
         """A CheckpointMismatch when the directory holds a checkpoint of another run."""
@@ -131,14 +140,17 @@ class CheckpointDir:
         if state is None:
             return None
         path = self.path(state["step"])
-        weights = load_file(str(path / "weights.safetensors"))
-        with torch.no_grad():
-            for n, p in student.named_parameters():
-                p.copy_(weights[n])
-            if projections is not None:
-                for n, p in projections.named_parameters():
-                    p.copy_(weights[f"projection.{n}"])
-        tensors = load_file(str(path / "optimizer.safetensors"))
+        try:
+            weights = load_file(str(path / "weights.safetensors"))
+            tensors = load_file(str(path / "optimizer.safetensors"))
+            with torch.no_grad():
+                for n, p in student.named_parameters():
+                    p.copy_(weights[n])
+                if projections is not None:
+                    for n, p in projections.named_parameters():
+                        p.copy_(weights[f"projection.{n}"])
+        except (SafetensorError, OSError, KeyError, RuntimeError, ValueError) as exc:   # a missing or wrong-shaped tensor too
+            raise self._corrupt(path, exc) from None
         opt_state: dict[int, dict] = {}
         for key, value in tensors.items():
             if key.startswith("state."):

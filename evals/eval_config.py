@@ -192,6 +192,10 @@ class EvalConfig:
         check(self.w4_activations in W4_ACTIVATIONS, "w4_activations",
               f"must be one of {list(W4_ACTIVATIONS)}, got {self.w4_activations!r}")
         _positive(self.task_batch_size, "task_batch_size")
+        limit = self.task_limit
+        check(limit is None or (not isinstance(limit, bool) and (
+            (isinstance(limit, int) and limit >= 1) or (isinstance(limit, float) and 0 < limit <= 1))),
+            "task_limit", f"must be a count of at least 1 or a fraction in (0, 1], got {limit!r}")
         _positive(self.threads, "threads")
         for name in SECTIONS:
             section = getattr(self, name)

@@ -30,11 +30,9 @@ def run_lm_eval(path: str | Path, tasks: list[str] | str, limit: int | float | N
     ``llm`` reuses an already opened runtime model. ``raw=True`` returns lm-eval's dict.
     """
     import lm_eval
-    from lm_eval.tasks import TaskManager
-
     import evals.lm_eval_adapter  # noqa: F401  registers "compress"
     from evals.lm_eval_quiet import quiet_lm_eval
-    from evals.tasks import TASKS, task_dir
+    from evals.tasks import TASKS, task_manager
 
     if isinstance(tasks, str):
         tasks = [t for t in tasks.split(",") if t]
@@ -54,8 +52,7 @@ def run_lm_eval(path: str | Path, tasks: list[str] | str, limit: int | float | N
             model=lm, model_args=model_args, tasks=list(tasks), limit=limit,
             batch_size=batch_size, device="cpu", num_fewshot=num_fewshot,
             # indexing lm-eval's ~14k built-in task files takes a minute: skip it when only ours run
-            task_manager=TaskManager(include_path=str(task_dir()),
-                                     include_defaults=not set(tasks) <= set(TASKS)),
+            task_manager=task_manager(not set(tasks) <= set(TASKS)),
             random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
             fewshot_random_seed=seed, log_samples=False)
     return results if raw else flatten_results(results)

@@ -28,9 +28,17 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     saved = sys.argv
     sys.argv = ["lm-eval", *_with_task_dir(argv)]
+    from compress.errors import UserError
+
     try:
         with quiet_lm_eval():
             cli_evaluate()
+    except ValueError as exc:
+        if isinstance(exc, UserError):
+            raise
+        # lm-eval's own refusals ("Tasks not found: ...", a bad --model_args): one line,
+        # as compress's other commands print theirs
+        raise UserError(f"lm-eval: {exc}") from None
     finally:
         sys.argv = saved
     return 0

@@ -20,6 +20,7 @@ from compress.ops import reference
 from compress.ops.reference import (W8_LANES_MAX_K, w4a8_lanes_supported, w4a8_prepare_lanes, w4a16_prepare_cpu,
                                     w8a8_prepare_lanes, w8a8_tile_cpu)
 from compress.runtime.hugepages import huge_page_copy
+from compress.cli_args import positive_int
 
 # (N out, K in) from Llama-2-7B (4096x4096, 11008x4096, 4096x11008), Mistral/Llama-3
 # MLP (14336x4096) and a 2048-hidden model's MLP (2048x8192).
@@ -410,7 +411,7 @@ def add_arguments(p) -> None:
     p.add_argument("--m", type=int, nargs="*", help="batch rows M (default 1 4 16 64 256)")
     p.add_argument("--impl", nargs="*", choices=["compress", "torch", "bnb"], help="implementations to run")
     p.add_argument("--isa", choices=["auto", "avx512_vnni", "avx2", "scalar"], help="cap our kernels' ISA")
-    p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--threads", type=positive_int, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--reps", type=int, default=7, help="A B A B rounds per configuration")
     p.add_argument("--budget", type=float, default=20.0, help="seconds per configuration before stopping early (>= 3 rounds)")
     p.add_argument("--bandwidth-mib", type=int, default=1024, help="bandwidth probe buffer size")

@@ -90,11 +90,17 @@ def bench_config(shape: dict[str, int], dtype: torch.dtype):
     the stored dtype)."""
     from transformers import LlamaConfig
 
-    return LlamaConfig(hidden_size=shape["hidden"], num_hidden_layers=shape["layers"],
-                       intermediate_size=shape["intermediate"], num_attention_heads=shape["heads"],
-                       num_key_value_heads=shape["kv_heads"], vocab_size=shape["vocab"],
-                       max_position_embeddings=shape["max_positions"], tie_word_embeddings=False, bos_token_id=1,
-                       eos_token_id=2, dtype=dtype, architectures=["LlamaForCausalLM"])
+    if shape["hidden"] % shape["heads"] or shape["heads"] % shape["kv_heads"]:
+        raise MakeModelError(f"--hidden {shape['hidden']} / --heads {shape['heads']} / --kv-heads {shape['kv_heads']}: "
+                             "the hidden size must be a multiple of the heads, and the heads of the kv heads")
+    try:
+        return LlamaConfig(hidden_size=shape["hidden"], num_hidden_layers=shape["layers"],
+                           intermediate_size=shape["intermediate"], num_attention_heads=shape["heads"],
+                           num_key_value_heads=shape["kv_heads"], vocab_size=shape["vocab"],
+                           max_position_embeddings=shape["max_positions"], tie_word_embeddings=False, bos_token_id=1,
+                           eos_token_id=2, dtype=dtype, architectures=["LlamaForCausalLM"])
+    except Exception as exc:  # noqa: BLE001 - transformers' config validators raise their own types
+        raise MakeModelError(f"LlamaConfig refuses the shape {shape}: {str(exc).strip().splitlines()[-1]}") from None
 
 
 # ---------------------------------------------------------------- the tensors

@@ -40,6 +40,7 @@ from compress.bench.minitron_arms import (DEPTH_LAYERS, FAMILIES, WIDTH_TARGETS,
 from compress.bench.minitron_results import add_recovery, goals, markdown, seed_summary
 from compress.errors import UserError
 from compress.io.files import atomic_write_text
+from compress.cli_args import positive_int
 
 REPO = Path(__file__).resolve().parents[2]
 EMBEDDED_MODEL = REPO / "models" / "pydoc-llama"
@@ -93,7 +94,7 @@ def add_arguments(p) -> None:
                         "seed runs every other arm")
     p.add_argument("--arms", default=",".join(FAMILIES),
                    help=f"families to run, comma-separated, of {', '.join(FAMILIES)} (the teacher always runs)")
-    p.add_argument("--threads", type=int, default=2,
+    p.add_argument("--threads", type=positive_int, default=2,
                    help="torch threads for pruning, training and evaluation (on a machine busy with other work, 1: "
                         "two OpenMP threads that wait on each other ran distillation 5-10x slower there)")
     p.add_argument("--width-targets", default=",".join(f"{k}={v}" for k, v in WIDTH_TARGETS.items()),

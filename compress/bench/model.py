@@ -21,6 +21,7 @@ from compress.bench.bandwidth import read_bandwidth
 from compress.bench.cpu_info import cpu_line, describe_cpu
 from compress.errors import UserError
 from compress.io.files import atomic_write_text
+from compress.cli_args import positive_int
 
 
 @dataclass
@@ -307,7 +308,7 @@ def add_arguments(p) -> None:
     p.add_argument("--batch", type=int, nargs="*", default=[1, 16])
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--threads", type=int)
+    p.add_argument("--threads", type=positive_int)
     p.add_argument("--dtype", default="float32", help="activation dtype of our runtime")
     p.add_argument("--w4-activations", nargs="*", default=["float", "int8"], choices=["float", "int8"],
                    help="our int4 layers' activations, one run each: float (the w4a16 scheme's numbers) and int8 "

@@ -28,6 +28,7 @@ from compress.bench.synthetic import synthetic_prompts
 from compress.errors import UserError
 from compress.w4_activations import DEFAULT_W4_ACTIVATIONS, W4_ACTIVATIONS
 from compress.io.files import atomic_write_text
+from compress.cli_args import positive_int
 
 DECODE_EVENT = "NativeDecode.decode"
 GROUPS = [
@@ -159,7 +160,7 @@ def main(args) -> int:
 
 def add_arguments(p) -> None:
     p.add_argument("path", help="a compress checkpoint")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=positive_int, default=2)
     p.add_argument("--tokens", type=int, default=32, help="tokens generated in the profiled run (>= 2)")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--rows", type=int, default=1,

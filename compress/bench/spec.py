@@ -31,6 +31,7 @@ from compress.bench.spec_timing import expected_tokens, pass_costs, predicted_sp
 from compress.errors import UserError
 from compress.io.files import atomic_write_text
 from evals.decode_runs import DecodeRun, decode_run, prompt_windows
+from compress.cli_args import positive_int
 
 REPO = Path(__file__).resolve().parents[2]
 EMBEDDED_MODEL = REPO / "models" / "pydoc-llama"
@@ -272,7 +273,7 @@ def add_arguments(p) -> None:
     p.add_argument("--min-prompts", type=int, default=4,
                    help="windows decoded at every batch size (at least the largest --batch)")
     p.add_argument("--peer-prompts", type=int, default=4, help="windows of the transformers peer")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=positive_int, default=None)
     p.add_argument("--repeats", type=int, default=3, help="A B rounds (medians)")
     p.add_argument("--timing-repeats", type=int, default=30, help="passes timed for c and v (medians)")
     p.add_argument("--bench-model", action="append", default=None,

@@ -83,7 +83,8 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
         offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
         hint = " (HF_HUB_OFFLINE is set, so the hub was not contacted)" if offline else ""
         raise CheckpointError(
-            f"{s!r} is not a local directory and could not be fetched from the Hugging Face hub{hint}: "
+            f"{s!r} is not a local directory ({p.absolute()} does not exist) and could not be fetched from the "
+            f"Hugging Face hub{hint}: "
             f"{type(e).__name__}: {reason}") from None
     return Path(local)
 
@@ -365,6 +366,8 @@ def _open_files(path: Path, weight_files: list[Path]) -> CheckpointFiles:
             SafetensorsFile(f)
         except SafetensorsError as e:
             reason = str(e).removeprefix(f"{f}: ")
+            if reason.startswith("truncated or corrupted safetensors file"):   # already says it
+                raise CheckpointError(f"{f}: {reason}") from None
             raise CheckpointError(f"{f}: truncated or corrupted safetensors file ({reason})") from None
     try:
         return CheckpointFiles(TensorStore(path))

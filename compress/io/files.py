@@ -34,11 +34,45 @@ def set_new_file_mode(path: str | Path) -> None:
 
 def make_temp_dir(target: str | Path, tag: str = "tmp") -> Path:
     """An empty directory beside ``target`` (same filesystem, so it can be renamed onto
-    it), hidden by a leading dot; its mode already honours the umask."""
+    it), hidden by a leading dot and named with this process's id (``.NAME.TAG-PID-XXXX``:
+    :func:`sweep_leftovers` tells a dead run's from a live one's); its mode already
+    honours the umask."""
     target = Path(target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.{tag}-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.{tag}-{os.getpid()}-", dir=target.parent))
     os.chmod(tmp, 0o777 & ~current_umask())
     return tmp
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # another user's live process
+        return True
+    return True
+
+
+def sweep_leftovers(target: str | Path) -> list[Path]:
+    """What a run killed outright (SIGKILL, power loss) left beside ``target``, by a
+    process that is gone: its temporary directories are deleted, and a ``target`` it had
+    moved aside (``.NAME.old-PID-*``) and not yet replaced is put back. Returns what was
+    removed or restored."""
+    target = Path(target)
+    done = []
+    if not target.parent.is_dir():
+        return done
+    for tag in ("old", "tmp"):   # old first: a restored target makes the tmp beside it moot
+        for p in sorted(target.parent.glob(f".{target.name}.{tag}-*")):
+            pid = p.name[len(f".{target.name}.{tag}-"):].split("-", 1)[0]
+            if not pid.isdigit() or _pid_alive(int(pid)) or not p.is_dir():
+                continue
+            if tag == "old" and not target.exists():
+                os.rename(p, target)
+            else:
+                shutil.rmtree(p, ignore_errors=True)
+            done.append(p)
+    return done
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -100,9 +134,11 @@ def replace_dir(tmp: Path, target: Path) -> None:
 def atomic_dir(target: str | Path):
     """Yields an empty temporary directory beside ``target``; when the block ends without
     an error its files get the umask's modes and it replaces ``target`` (see
-    :func:`replace_dir`); on an error it is deleted and ``target`` is left as it was."""
+    :func:`replace_dir`); on an error (an interrupt included) it is deleted and ``target``
+    is left as it was. What a killed run left beside ``target`` goes first (:func:`sweep_leftovers`)."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
+    sweep_leftovers(target)
     tmp = make_temp_dir(target, "tmp")
     try:
         yield tmp

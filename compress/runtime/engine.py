@@ -156,6 +156,10 @@ class LLM:
         if spec.method == "ngram":
             return NgramDrafter(spec.prompt_lookup_max, spec.prompt_lookup_min)
         draft_ckpt = open_checkpoint(spec.model)
+        draft_vocab = getattr(draft_ckpt.config, "vocab_size", None)
+        if draft_vocab is not None and draft_vocab != self.model.vocab_size:   # the plainer message first
+            raise ValueError(f"speculative: the draft {spec.model} has a vocabulary of {draft_vocab} tokens, the "
+                             f"target {self.model.vocab_size}; a draft must share the target's tokenizer")
         _check_draft_tokenizer(self.tokenizer, getattr(draft_ckpt, "tokenizer_path", None), spec.model)
         model = build_model(draft_ckpt, self.dtype, self.device, self.kernels, self.model.max_seq_len,
                             w4_activations=w4_activations)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from compress.dtypes import KV_CACHE_DTYPES
 from compress.w4_activations import DEFAULT_W4_ACTIVATIONS, W4_ACTIVATIONS
+from compress.cli_args import positive_int
 
 EMBEDDED_MODEL = Path(__file__).resolve().parents[2] / "models" / "pydoc-llama"
 
@@ -52,7 +53,7 @@ def add_serve_parser(sub) -> None:
                    help="record every engine step (end time, forward seconds, decode rows, prompt tokens) and write "
                         "them to FILE as tab-separated lines when the server stops, with a summary on stdout")
     r = s.add_argument_group("runtime")
-    r.add_argument("--threads", type=int, default=None)
+    r.add_argument("--threads", type=positive_int, default=None)
     r.add_argument("--max-num-seqs", type=int, default=16, help="sequences the engine runs at once")
     r.add_argument("--kv-cache-tokens", type=int, default=None, help="KV cache size in tokens (all sequences)")
     r.add_argument("--block-size", type=int, default=None, help="tokens per KV cache block")

@@ -25,6 +25,7 @@ from compress.bench.serve import peers as peers_mod
 from compress.bench.serve import report, run, workload
 from compress.bench.serve.client import http_json
 from compress.errors import UserError
+from compress.cli_args import positive_int
 
 DEFAULT_PEERS = "ours,ours-serial,llamacpp"
 
@@ -282,7 +283,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="runs of each load per peer, interleaved between the peers; latencies pooled, "
                         "throughput the median run's")
     p.add_argument("--out", help="results JSON")
-    p.add_argument("--threads", type=int, default=2, help="threads of every peer")
+    p.add_argument("--threads", type=positive_int, default=2, help="threads of every peer")
     p.add_argument("--text", nargs="+", help="prompt text files (default: the repository's data/pydoc text)")
     p.add_argument("--prompt-len", type=int, nargs=2, default=[32, 512], metavar=("LOW", "HIGH"))
     p.add_argument("--output-len", type=int, nargs=2, default=[16, 128], metavar=("LOW", "HIGH"))
