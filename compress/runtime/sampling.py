@@ -310,13 +310,6 @@ def nucleus_candidates(scaled: torch.Tensor, k_rows: torch.Tensor, ks: torch.Ten
     c = need + 1 if bool((top_p >= 1.0).all()) else max(min(need + 1, NUCLEUS_START), 2)
     if c > V // 4 or V < NUCLEUS_MIN_VOCAB or not bool(row_lse.isfinite().all()):
         return None
-    # a flat row: V / 4 tokens at the row's largest probability still hold less than its
-    # top_p, so no candidate set will do; a top_k row is capped by its k (c <= V / 4 above)
-    nucleus_only = ~k_rows & (top_p < 1.0)
-    if bool(nucleus_only.any()):
-        p_max = exp_floored(scaled.amax(dim=-1) - row_lse)
-        if bool((nucleus_only & ((V // 4) * p_max < top_p)).any()):
-            return None
     while True:
         vals, ids = canonical_order(*scaled.topk(c, dim=-1))
         kept, drop = kept_set(vals, ks, k_rows, top_p, row_lse)
