@@ -260,11 +260,17 @@ class CheckpointFiles:
         return self.store.entry(name)
 
     def read(self, name: str) -> torch.Tensor:
+        return self._checked(name, lambda: self.store.read(name))
+
+    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        return self._checked(name, lambda: self.store.read_rows(name, start, stop))
+
+    def _checked(self, name: str, read):
         path = self.directory / self.store.location[name]
         try:
             if _stamp(path) != self._stamps[path.name]:
                 raise CheckpointError(f"{path} changed since the checkpoint was loaded; load it again")
-            return self.store.read(name)
+            return read()
         except SafetensorsError as e:
             raise CheckpointError(str(e)) from None
         except OSError as e:
@@ -291,6 +297,18 @@ class DenseTensors(Mapping):
 
     def __contains__(self, name) -> bool:  # by name: Mapping's default would read the tensor
         return name in self._names
+
+    def entry(self, name: str):
+        """Tensor ``name``'s stored dtype and shape (``.dtype``, ``.shape``), read from its header."""
+        if name not in self._names:
+            raise KeyError(name)
+        return self._files.entry(name)
+
+    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows ``[start, stop)`` of tensor ``name``, as stored."""
+        if name not in self._names:
+            raise KeyError(name)
+        return self._files.read_rows(name, start, stop)
 
     def __iter__(self):
         return iter(self._names)

@@ -72,15 +72,30 @@ class SafetensorsFile:
 
     def read(self, name: str) -> torch.Tensor:
         e = self.entries[name]
-        out = torch.empty(e.shape, dtype=e.dtype)
-        if e.nbytes:
+        return self.read_rows(name, 0, e.shape[0] if e.shape else 1) if e.shape else self._read(name, 0, 1, ())
+
+    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows ``[start, stop)`` of tensor ``name`` (its first dimension), as stored: a part
+        of a large tensor without the rest (a loader converting it a slice at a time)."""
+        e = self.entries[name]
+        if not e.shape or not 0 <= start <= stop <= e.shape[0]:
+            raise SafetensorsError(f"{self.path}: tensor {name!r} of shape {list(e.shape)} has no rows "
+                                   f"[{start}, {stop})")
+        return self._read(name, start, stop, (stop - start, *e.shape[1:]))
+
+    def _read(self, name: str, start: int, stop: int, shape) -> torch.Tensor:
+        e = self.entries[name]
+        out = torch.empty(shape, dtype=e.dtype)
+        row = e.nbytes // e.shape[0] if e.shape and e.shape[0] else e.nbytes
+        want = out.numel() * e.dtype.itemsize
+        if want:
             buf = memoryview(out.view(-1).view(torch.uint8).numpy())
             with open(self.path, "rb") as f:
-                f.seek(e.begin)
+                f.seek(e.begin + start * row)
                 got = f.readinto(buf)
-            if got != e.nbytes:
+            if got != want:
                 raise SafetensorsError(f"{self.path}: truncated while reading tensor {name!r} "
-                                       f"({got} of {e.nbytes} bytes)")
+                                       f"({got} of {want} bytes)")
         return out
 
 
@@ -187,6 +202,11 @@ class TensorStore:
         if name not in self.location:
             raise SafetensorsError(f"{self.directory}: no tensor {name!r} in its safetensors files")
         return self.files[self.location[name]].read(name)
+
+    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        if name not in self.location:
+            raise SafetensorsError(f"{self.directory}: no tensor {name!r} in its safetensors files")
+        return self.files[self.location[name]].read_rows(name, start, stop)
 
     @property
     def nbytes(self) -> int:

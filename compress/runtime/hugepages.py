@@ -83,21 +83,36 @@ class HugePageArena:
         self._buf: torch.Tensor | None = None
         self._offset = 0
         self._unavailable = False       # the platform cannot advise 2 MiB pages
+        self._regions: list[int] = []   # the regions' storages' addresses (owns())
 
     def place(self, t: torch.Tensor) -> torch.Tensor:
         """A copy of ``t`` in the arena, or ``t`` itself where the platform cannot advise
-        2 MiB pages."""
-        n = _aligned(t.numel() * t.element_size())
+        2 MiB pages or ``t`` already lies in the arena (made by :meth:`empty`)."""
+        if self.owns(t):
+            return t
+        view = self.empty(t.shape, t.dtype)
+        return t if view is None else view.copy_(t)
+
+    def empty(self, shape, dtype: torch.dtype) -> torch.Tensor | None:
+        """A new ``shape`` tensor of ``dtype`` in the arena, to be filled by the caller (a
+        loader that reads a large tensor straight into it, so no second copy is ever
+        held); ``None`` where the platform cannot advise 2 MiB pages."""
+        n = _aligned(math.prod(shape) * dtype.itemsize)
         if self._buf is None or self._offset + n > self._buf.numel():
             buf = None if self._unavailable else huge_page_buffer(max(n, self.region_bytes))
             if buf is None:
                 self._unavailable = True
-                return t
+                return None
             self._buf, self._offset = buf, 0
-        view = _view(self._buf, self._offset, t.shape, t.dtype).copy_(t)
+            self._regions.append(buf.untyped_storage().data_ptr())
+        view = _view(self._buf, self._offset, tuple(shape), dtype)
         self._offset += n
         self.moved += n
         return view
+
+    def owns(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` lies in one of the arena's regions."""
+        return bool(self._regions) and t.device.type == "cpu" and t.untyped_storage().data_ptr() in self._regions
 
 
 def relocate_to_huge_pages(modules: Iterable, arena: HugePageArena | None = None) -> int:

@@ -102,3 +102,17 @@ def test_duplicate_tensor_is_refused(tmp_path):
     w.add("x", torch.zeros(2))
     with pytest.raises(SafetensorsError, match="'x' written twice"):
         w.add("x", torch.zeros(2))
+
+
+def test_rows_of_a_tensor_read_alone(tmp_path):
+    """A slice of rows, read without the rest (a loader casting a large tensor a slice at a
+    time), is those rows; a range past the tensor is named."""
+    tensors = _tensors()
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    f = SafetensorsFile(tmp_path / "m.safetensors")
+    assert torch.equal(f.read_rows("a.weight", 5, 19), tensors["a.weight"][5:19])
+    assert torch.equal(f.read_rows("e.half", 2, 3), tensors["e.half"][2:3])
+    assert f.read_rows("a.weight", 7, 7).shape == (0, 17)
+    assert torch.equal(f.read("b.bias"), tensors["b.bias"])
+    with pytest.raises(SafetensorsError, match=r"no rows \[30, 40\)"):
+        f.read_rows("a.weight", 30, 40)

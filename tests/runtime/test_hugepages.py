@@ -142,6 +142,21 @@ def test_arena_places_back_to_back_and_opens_a_region_when_full():
     assert arena.moved == sum(sizes)
 
 
+@linux_only
+def test_a_tensor_made_in_the_arena_is_not_moved_again():
+    """``empty`` gives a tensor in the arena for a loader to fill (a big head read straight
+    there); placing it again returns it as it is, and a tensor from elsewhere is copied."""
+    arena = HugePageArena(4 * HUGE_PAGE)
+    made = arena.empty((300, 7), torch.float32)
+    made.copy_(torch.arange(2100, dtype=torch.float32).view(300, 7))
+    moved = arena.moved
+    assert arena.owns(made) and arena.place(made) is made and arena.moved == moved
+    other = torch.ones(5, 5)
+    copy = arena.place(other)
+    assert not arena.owns(other) and arena.owns(copy) and copy.data_ptr() != other.data_ptr()
+    assert torch.equal(copy, other) and arena.moved > moved
+
+
 @pytest.mark.skipif(not native_available("cpu"), reason="native CPU kernels not built")
 @linux_only
 @pytest.mark.parametrize("scheme", ["w4a16", "w8a8", "dense"])

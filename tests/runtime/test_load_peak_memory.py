@@ -1,5 +1,5 @@
 """Loading holds one copy of the weights: ``LLM(path)`` on a sharded export of over
-100 MB, in a fresh process, peaks at no more than 1.25x the loaded model's tensor
+100 MB, in a fresh process, peaks at no more than 1.3x the loaded model's tensor
 bytes above what the process held before loading (torch, transformers and compress
 imported). Reading the whole checkpoint and then preparing it held two to three copies."""
 from __future__ import annotations
@@ -21,8 +21,10 @@ pytestmark = [pytest.mark.slow,  # ~10 s each: an export written, a fresh interp
 
 # one copy of the prepared weights, plus one layer's temporaries, the int8 head's tiling copy
 # and 2 MiB rounding of the tensors torch puts in transparent huge pages (compress sets
-# THP_MEM_ALLOC_ENABLE); a second copy of the weights would make it 2x
-BOUND = 1.35
+# THP_MEM_ALLOC_ENABLE); a second copy of the weights would make it 2x. Measured: 1.21x
+# (w4a16), 1.12x (dense), 1.05x (the big bf16 head, read into its 2 MiB pages a slice at a
+# time; 1.40x when it was read whole, cast, then copied there)
+BOUND = 1.3
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
@@ -88,26 +90,30 @@ def _random_int4(n: int, k: int, g: torch.Generator, group: int = 128) -> Quanti
 
 def _export(out: Path, scheme: str) -> Path:
     """A random Llama export in shards of 64 MB: w4a16 linears (~80 MB packed, ~115 MB
-    loaded) or dense fp32 (~125 MB)."""
+    loaded) or dense fp32 (~125 MB); ``w4a16-big-head``: the int4 linears beside a
+    bf16-stored head and embedding of a 32,000-token vocabulary (131 MB each in fp32, as
+    the runtime holds them: the share a real small model's head has)."""
     g = torch.Generator().manual_seed(0)
-    cfg = (_config(1024, 2816, 12, 4096) if scheme == "w4a16" else _config(512, 1536, 8, 4096))
+    cfg = {"w4a16": _config(1024, 2816, 12, 4096), "dense": _config(512, 1536, 8, 4096),
+           "w4a16-big-head": _config(1024, 2816, 12, 32000)}[scheme]
     h, v = cfg.hidden_size, cfg.vocab_size
-    dense = {"model.embed_tokens.weight": torch.randn(v, h, generator=g) * 0.02,
-             "lm_head.weight": torch.randn(v, h, generator=g) * 0.02, "model.norm.weight": torch.ones(h)}
+    stored = torch.bfloat16 if scheme == "w4a16-big-head" else torch.float32
+    dense = {"model.embed_tokens.weight": (torch.randn(v, h, generator=g) * 0.02).to(stored),
+             "lm_head.weight": (torch.randn(v, h, generator=g) * 0.02).to(stored), "model.norm.weight": torch.ones(h)}
     quantized = {}
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
         dense[p + "input_layernorm.weight"] = dense[p + "post_attention_layernorm.weight"] = torch.ones(h)
         for linear in LINEARS:
             n, k = _shape(cfg, linear)
-            if scheme == "w4a16":
+            if scheme.startswith("w4a16"):
                 quantized[p + linear] = _random_int4(n, k, g)
             else:
                 dense[p + linear + ".weight"] = torch.randn(n, k, generator=g) * 0.02
     return export_checkpoint(out, cfg, dense, quantized, max_shard_bytes=64 << 20)
 
 
-@pytest.mark.parametrize("scheme", ["w4a16", "dense"])
+@pytest.mark.parametrize("scheme", ["w4a16", "dense", "w4a16-big-head"])
 def test_load_peak_is_one_copy_of_the_weights(tmp_path, scheme):
     path = _export(tmp_path / scheme, scheme)
     assert len(list(path.glob("model-*-of-*.safetensors"))) > 1  # the sharded path
@@ -116,6 +122,7 @@ def test_load_peak_is_one_copy_of_the_weights(tmp_path, scheme):
     m = json.loads(run.stdout.strip().splitlines()[-1])
     assert m["model"] > 100e6  # big enough that a second copy would show
     held = m["peak"] - m["baseline"]
+    print(f"{scheme}: held {held / 2**20:.0f} MiB for {m['model'] / 2**20:.0f} MiB of tensors ({held / m['model']:.3f}x)")
     assert held <= BOUND * m["model"], (
         f"loading held {held / 2**20:.0f} MiB above the {m['baseline'] / 2**20:.0f} MiB baseline for "
         f"{m['model'] / 2**20:.0f} MiB of model tensors ({held / m['model']:.2f}x, bound {BOUND}x)")
