@@ -119,6 +119,12 @@ def transformers_runner(model, batch: int, prompt_len: int, new_tokens: int):
 
 # ---------------------------------------------------------------- command
 def run(args, log=print) -> dict:
+    from pathlib import Path
+
+    for path in [*args.paths, *([args.hf] if args.hf else [])]:   # before any measuring
+        if not Path(path, "config.json").is_file():
+            raise UserError(f"bench model: {path}: " + ("no config.json: not a model directory" if Path(path).is_dir()
+                                                        else "no such model directory"))
     threads = args.threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     llamacpp_tools = None
