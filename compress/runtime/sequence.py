@@ -131,6 +131,17 @@ class IncrementalDetokenizer:
             return after[len(before):]
         return ""
 
+    def flush(self) -> str:
+        """The held-back tail, decoded as it is (U+FFFD for bytes that never completed a
+        character), as ``tokenizer.decode`` gives it: the sequence ended, nothing more
+        will complete it."""
+        if self.read == len(self.tokens):
+            return ""
+        before = self.before if self.before is not None else self.decode(self.tokens[self.prefix:self.read])
+        after = self.decode(self.tokens[self.prefix:])
+        self.prefix, self.read, self.before = self.read, len(self.tokens), None
+        return after[len(before):] if len(after) > len(before) else ""
+
 
 class Sequence:
     def __init__(self, request_id: str, prompt: str | None, prompt_ids: list[int], params: SamplingParams,
@@ -173,8 +184,18 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def finish(self, reason: str) -> None:
+    def finish(self, reason: str, flush: bool = True) -> None:
+        """``flush``: the text takes what the detokenizer held back (an unfinished
+        character at a length cut or before a stop token); not after a stop string, whose
+        cut already ended the text."""
         if self.finish_reason is None:
+            if flush and self.detok is not None and reason != "abort":
+                start = len(self.text)
+                self.text += self.detok.flush()
+                if self.stops and len(self.text) > start:
+                    hits = [i for i in (self.text.find(s, max(0, start - self.holdback)) for s in self.stops) if i >= 0]
+                    if hits:
+                        self.text = self.text[:min(hits)]
             self.finish_reason = reason
             self.status = SequenceStatus.FINISHED
             self.finish_time = time.perf_counter()
@@ -201,7 +222,7 @@ class Sequence:
         hits = [i for i in (self.text.find(s, search_from) for s in self.stops) if i >= 0]
         if hits:
             self.text = self.text[:min(hits)]
-            self.finish("stop")
+            self.finish("stop", flush=False)
 
     def take_delta(self) -> str:
         """Text not yet released; while running, the last characters that could start

@@ -43,3 +43,23 @@ def test_tokenizers_that_change_decoding_keep_transformers_decode(repo_root):
     assert _decoder(shouting)(ids) == shouting.decode(ids, skip_special_tokens=True) == "RETURN THE ROWS"
     tok.clean_up_tokenization_spaces = True  # transformers' clean-up: through transformers too
     assert _decoder(tok)(ids) == tok.decode(ids, skip_special_tokens=True)
+
+
+def test_a_sequence_cut_inside_a_character_keeps_its_bytes_as_decode_does(repo_root):
+    """A length cut (or a stop token) after part of a character's bytes: the text ends as
+    ``tokenizer.decode`` ends it (U+FFFD), not without those tokens' text."""
+    from compress.runtime import SamplingParams
+    from compress.runtime.sequence import Sequence
+
+    tok = embedded_tokenizer(repo_root)
+    prompt = tok("x = ")["input_ids"]
+    out = tok(" café é", add_special_tokens=False)["input_ids"]
+    cut = next(i for i in range(1, len(out) + 1) if tok.decode(out[:i]).endswith("\ufffd"))
+    want = tok.decode(prompt + out[:cut], skip_special_tokens=True)[len(tok.decode(prompt, skip_special_tokens=True)):]
+    for stop_ids, n, reason in (((), cut, "length"), ((7,), cut + 1, "stop")):
+        seq = Sequence("r", None, prompt, SamplingParams(max_tokens=n if reason == "length" else 50,
+                                                          stop_token_ids=list(stop_ids)), set(), tok)
+        for t in out[:cut] + ([7] if reason == "stop" else []):
+            seq.append(t)
+        assert seq.finish_reason == reason and seq.text == want and seq.text.endswith("\ufffd")
+        assert seq.take_delta() == want
