@@ -74,8 +74,11 @@ def _cmd_eval(args) -> int:
     from compress.errors import UserError
 
     # inputs checked before any evaluation runs (each would otherwise fail its cells late)
+    from compress.io.checkpoint import _looks_like_hub_id
+
     for what, path in (("PATH", args.path), ("--base", args.base)):
-        if path is not None and not Path(path, "config.json").is_file():
+        if path is not None and not Path(path, "config.json").is_file() and not (
+                not Path(path).exists() and _looks_like_hub_id(str(path))):   # a hub id loads as before
             raise UserError(f"{what} {path}: " + ("no config.json: not a checkpoint directory" if Path(path).is_dir()
                                                   else "no such checkpoint directory"))
     if args.text and not Path(args.text).is_file():
@@ -331,8 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     from compress.errors import UserError
 
     # (compress serve puts its own SIGTERM handling in place while it serves: a drain)
+    # not for serve: it drains on SIGTERM once it listens, and while its model loads on
+    # another thread the default action (exit) is cleaner than an exception in a join
     previous = signal.signal(signal.SIGTERM, _raise_terminated) \
-        if threading_is_main() else None
+        if threading_is_main() and command != "serve" else None
     try:
         if command == "lm-eval":
             from evals.lm_eval_cli import main as lm_eval_main

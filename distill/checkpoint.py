@@ -149,7 +149,7 @@ class CheckpointDir:
                 if projections is not None:
                     for n, p in projections.named_parameters():
                         p.copy_(weights[f"projection.{n}"])
-        except (SafetensorError, OSError, KeyError, RuntimeError, ValueError) as exc:   # a missing or wrong-shaped tensor too
+        except (SafetensorError, OSError, KeyError, RuntimeError, ValueError) as exc:   # a missing / misshapen tensor
             raise self._corrupt(path, exc) from None
         opt_state: dict[int, dict] = {}
         for key, value in tensors.items():

@@ -6,8 +6,10 @@ under the usual umask), since checkpoints and reports are shared and served from
 accounts and containers."""
 from __future__ import annotations
 
+import glob
 import os
 import shutil
+import socket
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,13 +34,20 @@ def set_new_file_mode(path: str | Path) -> None:
     os.chmod(path, 0o666 & ~current_umask())
 
 
+def _owner() -> str:
+    """This process as a temporary name records it: host and pid (a directory on a shared
+    volume may belong to a live process of another machine, whose pid means nothing here)."""
+    host = "".join(ch if ch.isalnum() else "_" for ch in socket.gethostname())[:40] or "host"
+    return f"{host}-{os.getpid()}"
+
+
 def make_temp_dir(target: str | Path, tag: str = "tmp") -> Path:
     """An empty directory beside ``target`` (same filesystem, so it can be renamed onto
-    it), hidden by a leading dot and named with this process's id (``.NAME.TAG-PID-XXXX``:
-    :func:`sweep_leftovers` tells a dead run's from a live one's); its mode already
-    honours the umask."""
+    it), hidden by a leading dot and named with this host and process
+    (``.NAME.TAG-HOST-PID-XXXX``: :func:`sweep_leftovers` tells a dead run's from a live
+    one's); its mode already honours the umask."""
     target = Path(target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.{tag}-{os.getpid()}-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.{tag}-{_owner()}-", dir=target.parent))
     os.chmod(tmp, 0o777 & ~current_umask())
     return tmp
 
@@ -62,15 +71,20 @@ def sweep_leftovers(target: str | Path) -> list[Path]:
     done = []
     if not target.parent.is_dir():
         return done
+    host = _owner().rsplit("-", 1)[0]
     for tag in ("old", "tmp"):   # old first: a restored target makes the tmp beside it moot
-        for p in sorted(target.parent.glob(f".{target.name}.{tag}-*")):
-            pid = p.name[len(f".{target.name}.{tag}-"):].split("-", 1)[0]
+        prefix = f".{target.name}.{tag}-{host}-"    # this host's only: another's pids mean nothing here
+        for p in sorted(target.parent.glob(glob.escape(prefix) + "*")):
+            pid = p.name[len(prefix):].split("-", 1)[0]
             if not pid.isdigit() or _pid_alive(int(pid)) or not p.is_dir():
                 continue
-            if tag == "old" and not target.exists():
-                os.rename(p, target)
-            else:
-                shutil.rmtree(p, ignore_errors=True)
+            try:
+                if tag == "old" and not target.exists():
+                    os.rename(p, target)
+                else:
+                    shutil.rmtree(p, ignore_errors=True)
+            except FileNotFoundError:   # another sweeper took it first
+                continue
             done.append(p)
     return done
 

@@ -180,6 +180,11 @@ def _cmd_serve(args) -> int:
     if config.sampling_defaults:
         print("sampling defaults from the model's generation_config.json (a request's own values win; "
               f"--generation-config none: OpenAI's): {config.sampling_defaults}", flush=True)
+        penalty = config.sampling_defaults.get("repetition_penalty", 1.0)
+        if spec is not None and penalty != 1.0:
+            print(f"note: that repetition_penalty {penalty} makes every request that does not name its own run "
+                  "without speculative decoding (a penalized step does not speculate); send repetition_penalty 1, "
+                  "or serve with --generation-config none", flush=True)
     print(listening_line(config.model_name, args.path, socket_url(sock),
                          f"{' (API key required)' if config.api_key else ''}{spec_note}"), flush=True)
     if args.step_log:

@@ -40,6 +40,7 @@ class _Choice:
     sample_index: int = 0     # which of the prompt's n choices (the first counts the prompt's usage)
     offset_base: int | None = None   # streaming: text_offset of token offset_counted
     offset_counted: int = 0
+    prompt_offsets: list[int] | None = None   # echo: where each prompt token starts in prompt_text
 
 
 def prepare(state, body: CompletionRequest) -> list[_Choice]:
@@ -49,9 +50,12 @@ def prepare(state, body: CompletionRequest) -> list[_Choice]:
     many = len(body.prompt) > 1
     for i, prompt in enumerate(body.prompt):
         param = f"prompt.{i}" if many else "prompt"
+        offsets = None
         if isinstance(prompt, str):
             ids = state.encode(prompt, body.add_special_tokens, param)
             text = prompt
+            if body.echo and body.logprobs is not None:
+                offsets = state.token_offsets(prompt, body.add_special_tokens, ids)
         else:
             state.check_token_ids(prompt, param)
             ids = list(prompt)
@@ -70,7 +74,7 @@ def prepare(state, body: CompletionRequest) -> list[_Choice]:
                                param="max_tokens", code="context_length_exceeded")
         else:
             max_tokens = min(16, ctx - len(ids))
-        choices.extend(_Choice(text, ids, max_tokens, sample_index=j) for j in range(body.n))
+        choices.extend(_Choice(text, ids, max_tokens, sample_index=j, prompt_offsets=offsets) for j in range(body.n))
     return choices
 
 
@@ -130,23 +134,20 @@ def _logprobs_of(state, body, c: _Choice, generated_from: int = 0, with_prompt: 
     if body.logprobs is None:
         return None
     prompt = list(c.prompt_logprobs or []) if with_prompt and body.echo else []
-    if prompt or (body.echo and with_prompt):
-        offset = 0
-    else:
-        offset = _generated_offset(state, body, c) + sum(len(state.token_text(e.token_id))
-                                                          for e in c.logprobs[c.offset_counted:generated_from])
-        c.offset_counted, c.offset_base = generated_from, offset
-    return completion_logprobs(prompt + c.logprobs[generated_from:], state.token_text, offset)
-
-
-def _generated_offset(state, body, c: _Choice) -> int:
-    """Where the choice's generated text starts (or, once streaming, where its last
-    streamed chunk's tokens started): after the echoed prompt's tokens, else after the prompt."""
-    if c.offset_base is not None:
-        return c.offset_base
-    if body.echo and c.prompt_logprobs:
-        return sum(len(state.token_text(e.token_id)) for e in c.prompt_logprobs)
-    return len(c.prompt_text)
+    generated = c.logprobs[generated_from:]
+    base = len(c.prompt_text) if c.offset_base is None else c.offset_base
+    offset = base + sum(len(state.token_text(e.token_id)) for e in c.logprobs[c.offset_counted:generated_from])
+    c.offset_counted, c.offset_base = generated_from, offset
+    if not prompt:
+        return completion_logprobs(generated, state.token_text, offset)
+    # the echoed prompt's tokens where they start in its text (the tokenizer's offsets: a
+    # BOS, or a SentencePiece leading space, takes no room there), then the generated ones
+    # after the prompt text; else the tokens' texts back to back, as vLLM counts them
+    obj = completion_logprobs(prompt + generated, state.token_text, 0)
+    if c.prompt_offsets is not None and len(c.prompt_offsets) == len(prompt):
+        after = completion_logprobs(generated, state.token_text, offset)["text_offset"]
+        obj["text_offset"] = list(c.prompt_offsets) + after
+    return obj
 
 
 def _usage(choices: list[_Choice]) -> dict:

@@ -3,7 +3,8 @@
 OpenAI's ``top_k`` has no such field; ``-1`` (vLLM's "off") and ``0`` both mean no limit.
 ``temperature=0`` is greedy. ``temperature``, ``top_p``, ``top_k`` and ``repetition_penalty``
 that a request leaves out come from the model's generation_config.json when it sets them
-(``compress serve --generation-config auto``, the default, as vLLM's), else OpenAI's defaults. ``presence_penalty`` / ``frequency_penalty`` (OpenAI's) and
+(``compress serve --generation-config auto``, the default, as vLLM's), else OpenAI's defaults.
+``presence_penalty`` / ``frequency_penalty`` (OpenAI's) and
 ``repetition_penalty`` (vLLM's extension) become the runtime's penalties, ``logit_bias``
 (token id strings -> [-100, 100]) its logit bias. ``logprobs=k``
 asks the engine for each generated token's logprob and its ``k`` most likely alternatives.

@@ -76,6 +76,23 @@ class ServerState:
         check_unicode(text, param)
         return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
+    def token_offsets(self, text: str, add_special_tokens: bool, ids: list[int]) -> list[int] | None:
+        """Where each of ``ids`` (``text`` encoded) starts in ``text``: the tokenizer's own
+        offsets (a fast tokenizer's offset mapping; special tokens it adds start at 0), or
+        None where it gives none or they are not of these ids."""
+        try:
+            enc = self.tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+        except (NotImplementedError, ValueError, TypeError):
+            return None
+        spans = enc.get("offset_mapping")
+        if spans is None or list(enc["input_ids"]) != list(ids):
+            return None
+        starts, end = [], 0
+        for a, b in spans:
+            starts.append(min(int(a), len(text)) if b > a else end)   # an added token: where the text is
+            end = max(end, int(b))
+        return starts
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         if self.tokenizer is None:
             raise APIError("this model has no tokenizer: cannot turn tokens into text")

@@ -50,7 +50,7 @@ def decoder_kind(tokenizer) -> str:
         spec = json.loads(backend.to_str()).get("decoder") or {}
     except Exception:  # noqa: BLE001 - an unreadable spec: fall back to decode()
         return "other"
-    text = json.dumps(spec)
+    text = json.dumps(spec, ensure_ascii=False)   # "▁" as itself, not \u2581
     if '"ByteLevel"' in text:
         return "byte_level"
     if '"Metaspace"' in text or SP_SPACE in text or '"ByteFallback"' in text:

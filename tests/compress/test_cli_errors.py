@@ -104,16 +104,26 @@ def test_an_interrupt_is_one_line_and_its_temporary_directory_goes(tmp_path, cap
 
 
 def test_what_a_killed_run_left_is_swept_and_a_moved_target_put_back(tmp_path):
+    from compress.io.files import _owner
+
     target = tmp_path / "stage"
+    host = _owner().rsplit("-", 1)[0]
     dead = 2 ** 22 + 12345   # above Linux's default pid_max: no such process
-    (tmp_path / f".stage.tmp-{dead}-abc").mkdir()
-    old = tmp_path / f".stage.old-{dead}-def"
+    (tmp_path / f".stage.tmp-{host}-{dead}-abc").mkdir()
+    old = tmp_path / f".stage.old-{host}-{dead}-def"
     old.mkdir()
     (old / "model.safetensors").write_text("the good copy")
+    elsewhere = tmp_path / f".stage.tmp-otherhost-{dead}-ghi"   # another machine's run: its pid means nothing here
+    elsewhere.mkdir()
     live = make_temp_dir(target, "tmp")   # this process's: not touched
     sweep_leftovers(target)
     assert (target / "model.safetensors").read_text() == "the good copy"
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "stage"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, elsewhere.name, "stage"])
+    # a name with glob characters matches only itself
+    (tmp_path / "run1").mkdir()
+    (tmp_path / f".run1.old-{host}-{dead}-x").mkdir()
+    sweep_leftovers(tmp_path / "run[12]")
+    assert not (tmp_path / "run[12]").exists() and (tmp_path / f".run1.old-{host}-{dead}-x").exists()
 
 
 def test_generate_with_a_prompt_past_the_context_is_one_line(tiny_llama_dir, capsys):

@@ -209,3 +209,26 @@ def test_tied_embedding_is_the_moved_head(tmp_path, tokenizer):
         want = hf(ids).logits
         got = model.logits(model(ids, torch.arange(4).unsqueeze(0)))
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+@linux_only
+@pytest.mark.skipif(not native_available("cpu"), reason="native CPU kernels not built")
+@pytest.mark.parametrize("tied", [False, True])
+def test_only_the_head_is_read_straight_into_the_arena(tmp_path, tokenizer, monkeypatch, tied):
+    """The head (or the tied embedding that is the head) is read into the arena a slice at a
+    time; the projections are not (q/k/v and gate/up fusing copies them again, and a copy
+    already in the arena would stay there unused). Small tensors qualify here too."""
+    from compress.runtime.models import llama
+
+    monkeypatch.setattr(llama, "ARENA_DIRECT_BYTES", 0)
+    direct = []
+    real = llama.CheckpointTensors.dense_in_arena
+    monkeypatch.setattr(llama.CheckpointTensors, "dense_in_arena",
+                        lambda self, name: direct.append(name) or real(self, name))
+    path, hf = save_model(tmp_path, "llama", tokenizer, tie_word_embeddings=tied)
+    model = build_model(open_checkpoint(path))
+    assert direct == ["model.embed_tokens.weight" if tied else "lm_head.weight"]
+    ids = torch.tensor([[5, 9, 13, 21]])
+    with torch.no_grad():
+        torch.testing.assert_close(model.logits(model(ids, torch.arange(4).unsqueeze(0))), hf(ids).logits,
+                                   atol=1e-4, rtol=1e-4)

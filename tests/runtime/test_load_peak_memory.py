@@ -122,7 +122,8 @@ def test_load_peak_is_one_copy_of_the_weights(tmp_path, scheme):
     m = json.loads(run.stdout.strip().splitlines()[-1])
     assert m["model"] > 100e6  # big enough that a second copy would show
     held = m["peak"] - m["baseline"]
-    print(f"{scheme}: held {held / 2**20:.0f} MiB for {m['model'] / 2**20:.0f} MiB of tensors ({held / m['model']:.3f}x)")
+    print(f"{scheme}: held {held / 2**20:.0f} MiB for {m['model'] / 2**20:.0f} MiB of tensors "
+          f"({held / m['model']:.3f}x)")
     assert held <= BOUND * m["model"], (
         f"loading held {held / 2**20:.0f} MiB above the {m['baseline'] / 2**20:.0f} MiB baseline for "
         f"{m['model'] / 2**20:.0f} MiB of model tensors ({held / m['model']:.2f}x, bound {BOUND}x)")

@@ -255,6 +255,19 @@ def test_the_chosen_token_is_among_the_alternatives(server):
             assert any(len(top) == 2 for top in lp["top_logprobs"])
 
 
+def test_echoed_text_offsets_point_into_the_returned_text(server):
+    """OpenAI's legacy contract: text[text_offset[i]:] starts with token i. The BOS the
+    tokenizer adds takes no room in the echoed prompt (offset 0, as does the first word)."""
+    r = requests.post(server.url + "/v1/completions", json={
+        "prompt": "Return the number of items", "max_tokens": 4, "temperature": 0, "echo": True, "logprobs": 1})
+    choice = r.json()["choices"][0]
+    text, lp = choice["text"], choice["logprobs"]
+    assert lp["tokens"][0] == "<s>" and lp["text_offset"][:2] == [0, 0]
+    for token, offset in list(zip(lp["tokens"], lp["text_offset"]))[1:]:
+        assert text[offset:].startswith(token), (token, offset, text)
+    assert lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][-1] < len(text)
+
+
 @pytest.mark.parametrize("echo", [False, True])
 def test_streamed_text_offsets_go_on_as_the_whole_answers_do(server, echo):
     body = {"prompt": "Return the number of", "max_tokens": 10, "temperature": 0, "logprobs": 1, "echo": echo}
@@ -300,8 +313,8 @@ def test_generation_config_defaults_fill_what_a_request_leaves_out(server, refer
 
 def test_a_negative_seed_is_a_seed(server):
     c = client(server)
-    outs = [c.completions.create(model=MODEL_NAME, prompt="Return the", max_tokens=8, temperature=1.0, seed=-1).choices[0].text
-            for _ in range(2)]
+    outs = [c.completions.create(model=MODEL_NAME, prompt="Return the", max_tokens=8, temperature=1.0,
+                                 seed=-1).choices[0].text for _ in range(2)]
     assert outs[0] == outs[1]
 
 

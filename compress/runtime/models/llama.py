@@ -255,6 +255,21 @@ ARENA_DIRECT_BYTES = 16 << 20
 ARENA_SLICE_BYTES = 16 << 20
 
 
+def _stored_equal(dense, a: str, b: str) -> bool:
+    """Whether two stored tensors are equal, compared a slice of rows at a time where the
+    checkpoint reads slices (a vocabulary-sized pair is never held whole)."""
+    if not hasattr(dense, "read_rows"):
+        return torch.equal(dense[a], dense[b])
+    ea, eb = dense.entry(a), dense.entry(b)
+    if ea.dtype != eb.dtype or tuple(ea.shape) != tuple(eb.shape):
+        return False
+    if not ea.shape:
+        return torch.equal(dense[a], dense[b])
+    step = max(1, ARENA_SLICE_BYTES // max(1, math.prod(ea.shape[1:]) * ea.dtype.itemsize))
+    return all(torch.equal(dense.read_rows(a, r, min(ea.shape[0], r + step)),
+                           dense.read_rows(b, r, min(ea.shape[0], r + step))) for r in range(0, ea.shape[0], step))
+
+
 class CheckpointTensors:
     """Fetches named tensors from a checkpoint, moved to device (floats cast to dtype).
     ``arena`` (a HugePageArena, or None): where :meth:`dense_in_arena` puts large tensors."""
@@ -292,12 +307,15 @@ class CheckpointTensors:
     def cast(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(self.device, self.dtype if t.is_floating_point() else t.dtype)
 
-    def linear(self, path: str) -> nn.Module:
-        """The runtime layer for ``path`` (not yet prepared for a backend)."""
+    def linear(self, path: str, in_arena: bool = False) -> nn.Module:
+        """The runtime layer for ``path`` (not yet prepared for a backend). ``in_arena``: a
+        large dense weight is read straight into the arena (the head; not the projections,
+        which q/k/v and gate/up fusing copies again)."""
         bias = self.dense(path + ".bias", required=False)
         qw = self.ckpt.quantized.get(path)
         if qw is None:
-            layer = LAYER_CLASSES["dense"](self.dense_in_arena(path + ".weight"), bias)
+            weight = self.dense_in_arena(path + ".weight") if in_arena else self.dense(path + ".weight")
+            layer = LAYER_CLASSES["dense"](weight, bias)
         else:
             cls = LAYER_CLASSES[qw.scheme]
             accepted = inspect.signature(cls.__init__).parameters
@@ -369,7 +387,7 @@ def build_model(ckpt, dtype: torch.dtype = torch.float32, device="cpu", kernels:
     tied = getattr(config, "tie_word_embeddings", False)
     head_name, embed_name = arch.lm_head + ".weight", arch.embed_tokens + ".weight"
     if tied and head_name in ckpt.dense and embed_name in ckpt.dense \
-            and not torch.equal(ckpt.dense[head_name], ckpt.dense[embed_name]):
+            and not _stored_equal(ckpt.dense, head_name, embed_name):
         tied = False    # stored apart with other values: transformers does not tie them either
     # a tied checkpoint that stores an equal head anyway: one copy, as transformers ties it;
     # one that stores only the head: that is the embedding. Where the head is the
@@ -378,7 +396,7 @@ def build_model(ckpt, dtype: torch.dtype = torch.float32, device="cpu", kernels:
     source = head_name if tied and embed_name not in ckpt.dense and head_name in ckpt.dense else embed_name
     embed = tensors.dense_in_arena(source) if head_is_embed else tensors.dense(source)
     if arch.lm_head in ckpt.quantized or (head_name in ckpt.dense and not tied):
-        lm_head = prepared(tensors.linear(arch.lm_head))
+        lm_head = prepared(tensors.linear(arch.lm_head, in_arena=True))
     elif tied:
         # the embedding is the head's weight: where the head moves, the embedding follows
         # (one copy, not the checkpoint's and the moved one)
