@@ -270,6 +270,42 @@ def test_unsupported_quantization_config(tmp_path, hf_dir):
         load_checkpoint(d)
 
 
+W4A16 = {"format": "pack-quantized", "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128},
+          "input_activations": None}
+W8A8 = {"format": "int-quantized", "weights": {"num_bits": 8, "type": "int", "strategy": "channel"},
+        "input_activations": {"num_bits": 8, "type": "int", "dynamic": True, "strategy": "token"}}
+
+
+def _ct(group: dict, **top) -> dict:
+    return {"quant_method": "compressed-tensors", "format": group["format"], "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": ["Linear"], **group}}, **top}
+
+
+@pytest.mark.parametrize("qc, message", [
+    (_ct({**W8A8, "input_activations": None}), "W8A16"),
+    (_ct({**W8A8, "format": "pack-quantized"}), r"pack-quantized, W8A16"),
+    (_ct({**W4A16, "format": "int-quantized"}), "only pack-quantized"),
+    (_ct({**W4A16, "input_activations": W8A8["input_activations"]}), "W4A8"),
+    (_ct({**W8A8, "weights": {**W8A8["weights"], "strategy": "group", "group_size": 128}}), "only per channel"),
+    (_ct({**W8A8, "input_activations": {**W8A8["input_activations"], "dynamic": False, "strategy": "tensor"}}),
+     "static"),
+    (_ct(W4A16, quantization_status="frozen"), "quantization_status 'frozen'"),
+    (_ct(W4A16, sparsity_config={"format": "sparse-24-bitmask"}), "sparse"),
+])
+def test_compressed_tensors_schemes_read_otherwise_are_refused_by_name(tmp_path, hf_dir, qc, message):
+    """A third-party checkpoint in a scheme the runtime does not compute as meant (W8A16
+    would run with int8 activations it does not ask for) is refused, naming config.json,
+    the group and the scheme; W4A16 and W8A8 as llm-compressor writes them are read."""
+    d = tmp_path / "m"
+    shutil.copytree(hf_dir, d)
+    c = json.loads((d / "config.json").read_text())
+    c["quantization_config"] = qc
+    (d / "config.json").write_text(json.dumps(c))
+    with pytest.raises(CheckpointError, match=message) as err:
+        load_checkpoint(d)
+    assert "config.json" in str(err.value)
+
+
 def test_path_that_is_not_a_hub_id(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         resolve_model_path(str(tmp_path / "a" / "b" / "c"))
