@@ -189,6 +189,9 @@ def _cmd_generate(args) -> int:
     llm = load_llm(LLM, args.path, speculative, dtype=args.dtype, kernels=args.kernels, threads=args.threads,
                    device=args.device,
                    kv_cache_dtype=args.kv_cache_dtype, w4_activations=args.w4_activations)
+    if args.w4_activations == "int8" and llm.w4_activations is None:
+        print("compress generate: note: --w4-activations int8 has no effect: this model has no int4 layers",
+              file=sys.stderr)
     try:
         if args.stream:
             for prompt in args.prompt:
@@ -286,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="where the model runs (cuda: CUDA kernels and decode graphs; wants --dtype float16 or bfloat16)")
-    g.add_argument("--kv-cache-dtype", default=None, choices=list(KV_CACHE_DTYPES),
+    g.add_argument("--kv-cache-dtype", default=None, choices=["model", *KV_CACHE_DTYPES],
                    help="the KV cache's element type: float16 / bfloat16 halve its bytes, int8 with a scale a row "
                         "quarters float32's; default: --dtype, exact")
     g.add_argument("--kernels", choices=["native", "reference"], default="native")

@@ -12,6 +12,8 @@ KV_CACHE_DTYPES: dict[str, torch.dtype] = {**DTYPES, "int8": torch.int8}
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """``dtype`` as a torch dtype; a name outside :data:`DTYPES` is a ValueError naming them."""
     if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"unknown dtype {dtype}; choose one of {list(DTYPES)}")
         return dtype
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {list(DTYPES)}")

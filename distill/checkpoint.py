@@ -60,6 +60,17 @@ class TrainState:
     meta: dict            # what the run measured so far (stats)
 
 
+def _flat(d: dict, prefix: str = "") -> dict:
+    """Nested settings as dotted keys (``step.lr``), so a mismatch names the leaf that changed."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 class CheckpointDir:
     def __init__(self, directory: str | Path, fingerprint: dict, where: str):
         self.directory, self.fingerprint, self.where = Path(directory), fingerprint, where
@@ -123,11 +134,10 @@ class CheckpointDir:
         state = self.latest_state()
         if state is None:
             return
-        saved = state["fingerprint"]
-        differ = sorted(k for k in set(saved) | set(self.fingerprint) if saved.get(k) != self.fingerprint.get(k))
+        saved, now = _flat(state["fingerprint"]), _flat(self.fingerprint)
+        differ = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
         if differ:
-            details = "; ".join(f"{k}: checkpoint {saved.get(k)!r}, now {self.fingerprint.get(k)!r}"
-                                for k in differ[:4])
+            details = "; ".join(f"{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}" for k in differ[:4])
             raise CheckpointMismatch(
                 f"{self.where}: {self.path(state['step'])} is a checkpoint of a different run ({details}); "
                 f"run the recipe it was made with to resume, or delete {self.directory} to start over")

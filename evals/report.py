@@ -27,7 +27,7 @@ COLUMNS = [  # (key, header, format, the cell of the record's "errors" that fill
     ("size_bytes", "size", "size", "size"),
     ("bits_per_weight", "bits/weight", "{:.2f}", "size"),
     ("perplexity", "perplexity", "{:.3f}", "perplexity"),
-    ("kl_to_base", "KL to base (nats)", "{:.5f}", "kl"),
+    ("kl_to_base", "KL to base (nats)", "small", "kl"),
     ("top1_agreement", "top-1 agree", "{:.2%}", "kl"),
     ("prefill_tok_s", "prefill tok/s", "{:,.0f}", "speed"),
     ("decode_tok_s", "decode tok/s", "{:,.1f}", "speed"),
@@ -64,6 +64,8 @@ def _fmt(value, fmt: str) -> str:
         return human_bytes(value)
     if fmt == "count":
         return human_count(value)
+    if fmt == "small":   # 5 decimals, but a positive value too small for them keeps its digits (never 0.00000)
+        return f"{value:.2e}" if 0 < abs(value) < 5e-6 else f"{value:.5f}"
     try:
         return fmt.format(value)
     except (ValueError, TypeError):

@@ -35,15 +35,17 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
 
 def resolve_kv_cache_dtype(dtype, model_dtype: torch.dtype) -> torch.dtype:
     """The cache's element type for ``dtype`` (a name of ``KV_CACHE_DTYPES``, a torch
-    dtype, or None: ``model_dtype``); a ValueError naming the choices otherwise."""
-    if dtype is None:
+    dtype, or None / "model": ``model_dtype``, as ``compress bench`` names it); a
+    ValueError naming the choices otherwise."""
+    if dtype is None or dtype == "model":
         kv = model_dtype
     elif isinstance(dtype, torch.dtype):
         kv = dtype
     else:
         kv = KV_CACHE_DTYPES.get(str(dtype))
     if kv not in KV_CACHE_DTYPES.values():
-        raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)} (or None: the model dtype), "
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)} (or None / 'model': the model "
+                         "dtype), "
                          f"got {dtype!r}")
     return kv
 

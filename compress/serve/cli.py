@@ -74,7 +74,7 @@ def add_serve_parser(sub) -> None:
     r.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", default=None,
                    help="on a GPU, launch every decode step's kernels instead of replaying CUDA graphs")
     r.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-    r.add_argument("--kv-cache-dtype", default=None, choices=list(KV_CACHE_DTYPES),
+    r.add_argument("--kv-cache-dtype", default=None, choices=["model", *KV_CACHE_DTYPES],
                    help="K / V cache element type (default: --dtype); int8: a scale a row")
     r.add_argument("--kernels", default=None, choices=["native", "reference"])
     r.add_argument("--w4-activations", default=None, choices=W4_ACTIVATIONS,
@@ -177,6 +177,8 @@ def _cmd_serve(args) -> int:
                          sampling_defaults=llm.default_sampling_fields() if args.generation_config == "auto" else {})
     spec = getattr(llm, "speculative", None)
     spec_note = "" if spec is None else f" (speculative: {args.draft}, k={spec.num_speculative_tokens})"
+    if args.w4_activations == "int8" and getattr(llm, "w4_activations", None) is None:
+        print("note: --w4-activations int8 has no effect: this model has no int4 layers", flush=True)
     if config.sampling_defaults:
         print("sampling defaults from the model's generation_config.json (a request's own values win; "
               f"--generation-config none: OpenAI's): {config.sampling_defaults}", flush=True)

@@ -201,3 +201,21 @@ def test_lm_eval_refusals_are_one_line(capsys, tmp_path, logging_restored):
     assert main(["lm-eval", "--model", "compress", "--model_args", f"pretrained={tmp_path}",
                  "--tasks", "no_such_task_anywhere"]) == 2
     assert "Tasks not found: no_such_task_anywhere" in error_line(capsys)
+
+
+def test_runtime_options_are_checked_and_noted(capsys):
+    """A dtype outside the runtime's is refused before loading, naming the option; 'model'
+    is the KV cache's default by name (as the bench commands spell it); int8 activations on
+    a model without int4 layers are said to do nothing."""
+    from pathlib import Path
+
+    import torch
+
+    from compress.runtime import LLM
+
+    embedded = str(Path(__file__).resolve().parents[2] / "models" / "pydoc-llama")
+    with pytest.raises(ValueError, match="unknown dtype torch.int8"):
+        LLM(embedded, dtype=torch.int8)
+    assert main(["generate", embedded, "--prompt", "Return the", "--max-tokens", "2",
+                 "--kv-cache-dtype", "model", "--w4-activations", "int8"]) == 0
+    assert "--w4-activations int8 has no effect" in capsys.readouterr().err

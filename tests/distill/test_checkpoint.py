@@ -98,6 +98,6 @@ def test_a_checkpoint_of_another_recipe_is_refused_naming_what_differs(models, t
         run(write_recipe(tmp_path, student_dir, teacher_dir, blows_up), tmp_path / "out")
     changed = write_recipe(tmp_path, student_dir, teacher_dir, {**blows_up, "lr": 1e-4})
     with pytest.raises(CheckpointMismatch, match=r"step 1 \(distill\): .*step-0+\d is a checkpoint of a different "
-                                                 r"run \(step: .*'lr': 1e\+30.*'lr': 0.0001.*delete .*"
+                                                 r"run \(step.lr: checkpoint 1e\+30, now 0.0001\).*delete .*"
                                                  r"healed.distill-checkpoints to start over"):
         run(changed, tmp_path / "out")

@@ -51,3 +51,12 @@ def test_int4_activation_precision_is_recorded_per_stage():
     assert "| int4 activations |" in md.splitlines()[2]
     assert "| 120.0 | — |" in md and "| 150.0 | float |" in md and "| 190.0 | int8 |" in md
     assert "**int4 activations**" in md
+
+
+def test_a_small_positive_kl_never_reads_as_zero():
+    """A near-lossless stage's KL (int8 on a large model) keeps its digits beside the base's
+    exact 0; ordinary values keep 5 decimals."""
+    from evals.report import _fmt
+
+    assert _fmt(0.0, "small") == "0.00000" and _fmt(4e-6, "small") == "4.00e-06"
+    assert _fmt(0.00027, "small") == "0.00027"
