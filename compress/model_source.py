@@ -46,7 +46,8 @@ def check_source_quantization(directory: Path) -> None:
     """A source already quantized must be in a form this package reads back (its own
     exports: compressed-tensors int4 / int8, bitsandbytes int8, compress); an FP8 or GPTQ
     checkpoint, say, would otherwise be read as plain floats without its scales."""
-    from compress.io.checkpoint import CheckpointError, _check_quantization_config
+    from compress.io.errors import CheckpointError
+    from compress.io.quantization_config import check_quantization_config
 
     cfile = Path(directory) / "config.json"
     try:
@@ -54,7 +55,7 @@ def check_source_quantization(directory: Path) -> None:
     except (OSError, ValueError):
         return
     try:
-        _check_quantization_config(qc, cfile)
+        check_quantization_config(qc, cfile)
     except CheckpointError as exc:
         raise SourceError(f"{exc}: quantization_config.quant_method / format name a checkpoint that is already "
                           "quantized in a form compress cannot read back; start from the float model") from None

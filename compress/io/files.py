@@ -34,11 +34,15 @@ def set_new_file_mode(path: str | Path) -> None:
     os.chmod(path, 0o666 & ~current_umask())
 
 
+def _host() -> str:
+    """This machine as temporary names record it (a directory on a shared volume may belong
+    to a live process of another machine, whose pid means nothing here)."""
+    return "".join(ch if ch.isalnum() else "_" for ch in socket.gethostname())[:40] or "host"
+
+
 def _owner() -> str:
-    """This process as a temporary name records it: host and pid (a directory on a shared
-    volume may belong to a live process of another machine, whose pid means nothing here)."""
-    host = "".join(ch if ch.isalnum() else "_" for ch in socket.gethostname())[:40] or "host"
-    return f"{host}-{os.getpid()}"
+    """This process as a temporary name records it: host and pid."""
+    return f"{_host()}-{os.getpid()}"
 
 
 def make_temp_dir(target: str | Path, tag: str = "tmp") -> Path:
@@ -71,7 +75,7 @@ def sweep_leftovers(target: str | Path) -> list[Path]:
     done = []
     if not target.parent.is_dir():
         return done
-    host = _owner().rsplit("-", 1)[0]
+    host = _host()
     for tag in ("old", "tmp"):   # old first: a restored target makes the tmp beside it moot
         prefix = f".{target.name}.{tag}-{host}-"    # this host's only: another's pids mean nothing here
         for p in sorted(target.parent.glob(glob.escape(prefix) + "*")):

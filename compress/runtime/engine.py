@@ -32,6 +32,7 @@ from compress.runtime.models.llama import build_model
 from compress.runtime.sampling import SamplingParams
 from compress.runtime.sequence import RequestOutput
 from compress.runtime.speculative import ModelDrafter, NgramDrafter, SpeculativeConfig, SpeculativeDecoder
+from compress.runtime.speculative.model_drafter import check_draft_vocab
 from compress.runtime.scoring import Loglikelihood
 
 
@@ -157,9 +158,8 @@ class LLM:
             return NgramDrafter(spec.prompt_lookup_max, spec.prompt_lookup_min)
         draft_ckpt = open_checkpoint(spec.model)
         draft_vocab = getattr(draft_ckpt.config, "vocab_size", None)
-        if draft_vocab is not None and draft_vocab != self.model.vocab_size:   # the plainer message first
-            raise ValueError(f"speculative: the draft {spec.model} has a vocabulary of {draft_vocab} tokens, the "
-                             f"target {self.model.vocab_size}; a draft must share the target's tokenizer")
+        if draft_vocab is not None:   # before the tokenizers are compared: the plainer message first
+            check_draft_vocab(draft_vocab, self.model.vocab_size, spec.model)
         _check_draft_tokenizer(self.tokenizer, getattr(draft_ckpt, "tokenizer_path", None), spec.model)
         model = build_model(draft_ckpt, self.dtype, self.device, self.kernels, self.model.max_seq_len,
                             w4_activations=w4_activations)

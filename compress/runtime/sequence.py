@@ -193,9 +193,7 @@ class Sequence:
                 start = len(self.text)
                 self.text += self.detok.flush()
                 if self.stops and len(self.text) > start:
-                    hits = [i for i in (self.text.find(s, max(0, start - self.holdback)) for s in self.stops) if i >= 0]
-                    if hits:
-                        self.text = self.text[:min(hits)]
+                    self._cut_at_stop(max(0, start - self.holdback))
             self.finish_reason = reason
             self.status = SequenceStatus.FINISHED
             self.finish_time = time.perf_counter()
@@ -218,10 +216,15 @@ class Sequence:
         if len(self.output_ids) >= self.params.max_tokens:
             self.finish("length")
 
-    def _check_stop_strings(self, search_from: int) -> None:
+    def _cut_at_stop(self, search_from: int) -> bool:
+        """Ends the text before the first stop string found from ``search_from``; whether one was."""
         hits = [i for i in (self.text.find(s, search_from) for s in self.stops) if i >= 0]
         if hits:
             self.text = self.text[:min(hits)]
+        return bool(hits)
+
+    def _check_stop_strings(self, search_from: int) -> None:
+        if self._cut_at_stop(search_from):
             self.finish("stop", flush=False)
 
     def take_delta(self) -> str:

@@ -52,10 +52,11 @@ def prepare(state, body: CompletionRequest) -> list[_Choice]:
         param = f"prompt.{i}" if many else "prompt"
         offsets = None
         if isinstance(prompt, str):
-            ids = state.encode(prompt, body.add_special_tokens, param)
+            if body.echo and body.logprobs is not None:   # the offsets from the same tokenization
+                ids, offsets = state.encode_with_offsets(prompt, body.add_special_tokens, param)
+            else:
+                ids = state.encode(prompt, body.add_special_tokens, param)
             text = prompt
-            if body.echo and body.logprobs is not None:
-                offsets = state.token_offsets(prompt, body.add_special_tokens, ids)
         else:
             state.check_token_ids(prompt, param)
             ids = list(prompt)

@@ -76,22 +76,23 @@ class ServerState:
         check_unicode(text, param)
         return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
-    def token_offsets(self, text: str, add_special_tokens: bool, ids: list[int]) -> list[int] | None:
-        """Where each of ``ids`` (``text`` encoded) starts in ``text``: the tokenizer's own
-        offsets (a fast tokenizer's offset mapping; special tokens it adds start at 0), or
-        None where it gives none or they are not of these ids."""
+    def encode_with_offsets(self, text: str, add_special_tokens: bool, param: str = "prompt"
+                            ) -> tuple[list[int], list[int] | None]:
+        """``encode``'s ids and where each starts in ``text`` (a fast tokenizer's offset
+        mapping; a token it adds, as BOS, starts where the text is), or None for the
+        offsets where the tokenizer gives none."""
+        if self.tokenizer is None:
+            raise APIError(f"{param}: this model has no tokenizer; send token ids", param=param)
+        check_unicode(text, param)
         try:
             enc = self.tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
-        except (NotImplementedError, ValueError, TypeError):
-            return None
-        spans = enc.get("offset_mapping")
-        if spans is None or list(enc["input_ids"]) != list(ids):
-            return None
+        except (NotImplementedError, ValueError, TypeError):   # a slow tokenizer: no offsets
+            return self.encode(text, add_special_tokens, param), None
         starts, end = [], 0
-        for a, b in spans:
-            starts.append(min(int(a), len(text)) if b > a else end)   # an added token: where the text is
+        for a, b in enc["offset_mapping"]:
+            starts.append(min(int(a), len(text)) if b > a else end)
             end = max(end, int(b))
-        return starts
+        return list(enc["input_ids"]), starts
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         if self.tokenizer is None:

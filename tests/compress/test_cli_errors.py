@@ -104,10 +104,10 @@ def test_an_interrupt_is_one_line_and_its_temporary_directory_goes(tmp_path, cap
 
 
 def test_what_a_killed_run_left_is_swept_and_a_moved_target_put_back(tmp_path):
-    from compress.io.files import _owner
+    from compress.io.files import _host
 
     target = tmp_path / "stage"
-    host = _owner().rsplit("-", 1)[0]
+    host = _host()
     dead = 2 ** 22 + 12345   # above Linux's default pid_max: no such process
     (tmp_path / f".stage.tmp-{host}-{dead}-abc").mkdir()
     old = tmp_path / f".stage.old-{host}-{dead}-def"

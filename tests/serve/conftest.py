@@ -12,6 +12,13 @@ MODEL_NAME = "pydoc-llama"
 MAX_NUM_SEQS = 4
 
 
+def client(server, **kw):
+    """The openai client on ``server`` (no retries: a test sees the first answer)."""
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.url + "/v1", api_key=kw.pop("api_key", "none"), max_retries=0, **kw)
+
+
 @pytest.fixture(scope="session")
 def embedded_llm():
     from compress.runtime import LLM

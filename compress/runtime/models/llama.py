@@ -337,7 +337,7 @@ class CheckpointTensors:
         self.ckpt, self.dtype, self.device, self.arena = ckpt, dtype, torch.device(device), arena
 
     def dense(self, name: str, required: bool = True) -> torch.Tensor | None:
-        t = self.ckpt.dense.get(name) if name in self.ckpt.dense else None
+        t = self.ckpt.dense.get(name)
         if t is None:
             if required:
                 raise KeyError(f"checkpoint has no tensor {name!r}")

@@ -37,6 +37,13 @@ class DraftState:
         self.drafted: list[int] = []
 
 
+def check_draft_vocab(draft_vocab: int, target_vocab: int, name) -> None:
+    """A ValueError naming ``name`` when the draft's vocabulary is not the target's size."""
+    if draft_vocab != target_vocab:
+        raise ValueError(f"speculative: the draft {name} has a vocabulary of {draft_vocab} tokens, the "
+                         f"target {target_vocab}; a draft must share the target's tokenizer")
+
+
 class ModelDrafter:
     """``model``: a ``LlamaFamilyModel`` with the target's vocabulary; ``num_tokens``:
     positions its paged cache holds in all (the target's cache size by default)."""
@@ -61,9 +68,7 @@ class ModelDrafter:
         """A drafter of ``model`` for ``engine``'s target: the same vocabulary (else a
         ValueError naming ``name``), a paged cache of as many positions as the target's,
         in its blocks and element type."""
-        if model.vocab_size != engine.model.vocab_size:
-            raise ValueError(f"speculative: the draft {name} has a vocabulary of {model.vocab_size} tokens, the "
-                             f"target {engine.model.vocab_size}; a draft must share the target's tokenizer")
+        check_draft_vocab(model.vocab_size, engine.model.vocab_size, name)
         return cls(model, engine.kv_cache.num_tokens, engine.block_manager.block_size, engine.kv_cache.dtype,
                    native_decode)
 
